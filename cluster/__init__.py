@@ -1,0 +1,1 @@
+"""cluster: see ../shared/DESIGN.md; built in its own issue."""

@@ -1,0 +1,1 @@
+"""decode_worker: see ../shared/DESIGN.md; built in its own issue."""

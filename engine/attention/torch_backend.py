@@ -1,0 +1,95 @@
+"""Paged attention in plain PyTorch: the CPU path and the reference for the kernels.
+
+Decode sequences (one query each) run as one batched SDPA call over K/V
+gathered from their block tables. Each prefill chunk runs as one SDPA call
+over its cached prefix plus its new tokens. The loop is per prefill sequence,
+never per token.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.metadata import AttentionMetadata
+
+
+def write_kv_cache(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens], -1 = skip
+) -> None:
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    flat_k = key_cache.view(-1, *key_cache.shape[2:])  # [num_blocks * block_size, kv_heads, dim]
+    flat_v = value_cache.view(-1, *value_cache.shape[2:])
+    flat_k.index_copy_(0, slot_mapping, key)
+    flat_v.index_copy_(0, slot_mapping, value)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """K or V of one sequence's first `num_tokens` tokens: [num_tokens, num_kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = (num_tokens + block_size - 1) // block_size
+    blocks = cache.index_select(0, block_table[:num_blocks])  # [n, block_size, kv_heads, dim]
+    return blocks.flatten(0, 1)[:num_tokens]
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping)
+    out = torch.empty_like(query)
+    nd = meta.num_decodes
+    if nd:
+        out[:nd] = _decode(query[:nd], key_cache, value_cache, meta, scale)
+    for i in range(nd, meta.num_seqs):
+        start, end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
+        out[start:end] = _prefill(query[start:end], key_cache, value_cache, meta, i, scale)
+    return out
+
+
+def _decode(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    nd = meta.num_decodes
+    seq_lens = meta.seq_lens[:nd]
+    max_len = max(meta.seq_lens_host[:nd])
+    block_size = key_cache.shape[1]
+    tables = meta.block_tables[:nd, : (max_len + block_size - 1) // block_size]
+    k = key_cache[tables].flatten(1, 2)[:, :max_len]  # [nd, max_len, kv_heads, dim]
+    v = value_cache[tables].flatten(1, 2)[:, :max_len]
+    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [nd, max_len]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2),  # [nd, heads, 1, dim]
+        k.transpose(1, 2),  # [nd, kv_heads, max_len, dim]
+        v.transpose(1, 2),
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.squeeze(2)
+
+
+def _prefill(q, key_cache, value_cache, meta: AttentionMetadata, i: int, scale: float) -> torch.Tensor:
+    num_q = q.shape[0]
+    ctx = meta.seq_lens_host[i]
+    k = gather_kv(key_cache, meta.block_tables[i], ctx)  # [ctx, kv_heads, dim]
+    v = gather_kv(value_cache, meta.block_tables[i], ctx)
+    # Query j sits at position ctx - num_q + j and sees keys up to and including it.
+    q_pos = torch.arange(ctx - num_q, ctx, device=q.device)
+    mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]  # [num_q, ctx]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),  # [heads, num_q, dim]
+        k.transpose(0, 1),  # [kv_heads, ctx, dim]
+        v.transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(0, 1)

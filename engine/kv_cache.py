@@ -1,0 +1,78 @@
+"""Sizing and allocation of the paged KV cache: one (key, value) tensor pair per layer.
+
+Layout per layer: [num_blocks, block_size, num_kv_heads, head_dim]; a token's
+slot is block_id * block_size + offset, so a block is one contiguous run of
+memory (what the KV transfer ships).
+"""
+
+import logging
+
+import numpy as np
+import torch
+
+from engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, CacheConfig, ModelConfig
+
+logger = logging.getLogger("tandem.engine")
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def block_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    return model.kv_bytes_per_token(dtype) * block_size
+
+
+def num_blocks_for(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype, device: str) -> int:
+    """Blocks that fit the budget: explicit count, explicit bytes, or the device default."""
+    if cache.num_kv_blocks is not None:
+        return cache.num_kv_blocks
+    budget = cache.kv_cache_memory
+    if budget is None:
+        budget = _default_budget(cache, device)
+    n = budget // block_bytes(model, cache.block_size, dtype)
+    if n < 1:
+        raise ValueError(
+            f"KV cache budget of {budget} bytes holds no block of "
+            f"{block_bytes(model, cache.block_size, dtype)} bytes; raise --kv-cache-memory"
+        )
+    return int(n)
+
+
+def _default_budget(cache: CacheConfig, device: str) -> int:
+    if not device.startswith("cuda"):
+        return DEFAULT_CPU_KV_CACHE_MEMORY
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    # The model is already loaded, so what is used now is weights plus runtime overhead.
+    used = total - free
+    return max(0, int(total * cache.gpu_memory_utilization) - used)
+
+
+def allocate_kv_caches(
+    model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str
+) -> KVCaches:
+    shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
+    caches = [(_zeros(shape, dtype, device), _zeros(shape, dtype, device)) for _ in range(model.num_layers)]
+    total = 2 * model.num_layers * num_blocks * block_size * model.num_kv_heads * model.head_dim
+    logger.info(
+        "KV cache: %d blocks of %d tokens = %d tokens max, %.1f MiB (%s, %s)",
+        num_blocks,
+        block_size,
+        num_blocks * block_size,
+        total * torch.tensor([], dtype=dtype).element_size() / 2**20,
+        dtype,
+        device,
+    )
+    return caches
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Zeroed, not empty: masked-out slots still enter the attention matmul, and stale
+    NaN bit patterns there would poison 0 * NaN.
+
+    On CPU the zeros come from calloc (through numpy), whose large allocations are
+    fresh zero pages mapped lazily: gigabytes of cache cost nothing at start-up and
+    pages are faulted in as blocks are first written.
+    """
+    if device.startswith("cuda"):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)

@@ -1,0 +1,250 @@
+"""The step-by-step engine: add requests, step, abort. Workers drive it; `LLM` wraps it.
+
+One step is three calls: `scheduler.schedule()` -> `runner.execute(batch)` ->
+`_update(...)`. Ownership: the engine owns every Request it accepted until
+the step that reports it finished (or `abort_request`); its KV blocks go back
+to the pool in that same call.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache_manager import KVCacheManager
+from engine.model_input import build_model_input
+from engine.model_runner import ModelRunner
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.tokenizer import eos_token_ids_for, load_tokenizer
+
+logger = logging.getLogger("tandem.engine")
+
+Prompt = str | list[int] | dict
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """User-facing knobs with vLLM's names; `create_engine_config` resolves them."""
+
+    model: str | None = None
+    dtype: str = "auto"
+    device: str = "cpu"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
+    attention_backend: str = "auto"
+    seed: int = 0
+
+    def create_engine_config(self) -> EngineConfig:
+        from engine.model_source import resolve_model
+
+        model_dir = resolve_model(self.model)
+        model_cfg = ModelConfig.from_pretrained(model_dir)
+        max_len = self.max_model_len or model_cfg.max_position_embeddings
+        if max_len > model_cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+                f"{model_cfg.max_position_embeddings}"
+            )
+        return EngineConfig(
+            model_dir=str(model_dir),
+            model=model_cfg,
+            cache=CacheConfig(
+                block_size=self.block_size,
+                num_kv_blocks=self.num_kv_blocks,
+                kv_cache_memory=self.kv_cache_memory,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                enable_prefix_caching=self.enable_prefix_caching,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_model_len=max_len,
+            ),
+            dtype=parse_dtype(self.dtype, self.device),
+            device=self.device,
+            attention_backend=self.attention_backend,
+            seed=self.seed,
+        )
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, show_progress: bool = True):
+        self.config = config
+        self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model_dir)
+        self.eos_token_ids = eos_token_ids_for(config.model_dir, config.model, self.tokenizer)
+        self.runner = ModelRunner(config, show_progress=show_progress)
+        block_size = config.cache.block_size
+        self.kv_cache = KVCacheManager(self.runner.num_blocks, block_size, config.cache.enable_prefix_caching)
+        # A request must fit the pool on its own, or preemption could never make room for it.
+        self.max_model_len = min(config.scheduler.max_model_len, self.runner.num_blocks * block_size)
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache)
+        self.requests: dict[str, Request] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._prompts: dict[str, str | None] = {}
+
+    @classmethod
+    def from_args(cls, args: EngineArgs, **kwargs) -> "LLMEngine":
+        return cls(args.create_engine_config(), **kwargs)
+
+    # ---- requests -------------------------------------------------------
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
+        """Validate and queue a request; raises ValueError on bad input, leaving the engine untouched."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = self._tokenize(prompt)
+        self._validate_tokens(token_ids)
+        max_tokens = self._resolve_max_tokens(len(token_ids), params)
+        req = Request(request_id, token_ids, params, max_tokens, eos_token_ids=self.eos_token_ids)
+        self.requests[request_id] = req
+        self._prompts[request_id] = text
+        if self.tokenizer is not None:
+            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+        self.scheduler.add_request(req)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request and free its blocks now. Returns False when it is unknown or already done."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+        self._detok.pop(request_id, None)
+        self._prompts.pop(request_id, None)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- stepping -------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one forward over the scheduled tokens; return outputs of requests that advanced."""
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        batch = build_model_input(sched.scheduled, self.config.cache.block_size, self.config.device)
+        sampled = self.runner.execute(batch)
+        return self._update(sched, sampled)
+
+    def _update(self, sched: SchedulerOutput, sampled) -> list[RequestOutput]:
+        outputs, k = [], 0
+        for s in sched.scheduled:
+            req, samples = s.request, s.samples
+            req.num_computed_tokens += s.num_new_tokens
+            self.kv_cache.cache_computed_blocks(req)
+            if not samples:
+                continue
+            token, logprobs = sampled.token_ids[k], sampled.logprobs[k]
+            k += 1
+            outputs.append(self._append_token(req, token, logprobs))
+        return outputs
+
+    def _append_token(self, req: Request, token: int, logprobs) -> RequestOutput:
+        req.output_token_ids.append(token)
+        req.output_logprobs.append(logprobs)
+        detok = self._detok.get(req.request_id)
+        new_text = detok.append(token) if detok is not None else ""
+        status = self._check_stop(req, token, detok)
+        if status is not None:
+            if detok is not None and not detok.finished:
+                new_text += detok.flush()  # text held back as a possible stop-string start
+            self.scheduler.finish(req, status)
+        out = self._make_output(req, [token], new_text)
+        if req.is_finished:
+            self._forget(req.request_id)
+        return out
+
+    def _check_stop(self, req: Request, token: int, detok) -> RequestStatus | None:
+        n_out = len(req.output_token_ids)
+        p = req.params
+        if n_out >= p.min_tokens:
+            if not p.ignore_eos and token in req.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if token in p.stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+            if detok is not None and detok.finished:
+                req.stop_reason = detok.stop_reason
+                return RequestStatus.FINISHED_STOPPED
+        if n_out >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _make_output(self, req: Request, new_token_ids: list[int], new_text: str) -> RequestOutput:
+        detok = self._detok.get(req.request_id)
+        completion = CompletionOutput(
+            index=0,
+            text=detok.output_text if detok is not None else "",
+            token_ids=list(req.output_token_ids),
+            finish_reason=req.finish_reason,
+            stop_reason=req.stop_reason,
+            logprobs=list(req.output_logprobs) if req.params.logprobs is not None else None,
+        )
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=self._prompts.get(req.request_id),
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=[completion],
+            finished=req.is_finished,
+            num_cached_tokens=req.num_cached_tokens,
+            new_token_ids=new_token_ids,
+            new_text=new_text,
+        )
+
+    def _forget(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+        self._detok.pop(request_id, None)
+        self._prompts.pop(request_id, None)
+
+    # ---- validation -----------------------------------------------------
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" not in prompt:
+                raise ValueError("a dict prompt needs a 'prompt_token_ids' list")
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer; pass prompt_token_ids")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)):
+            return None, list(prompt)
+        raise ValueError(f"prompt must be a string, a token id list or a dict, got {type(prompt).__name__}")
+
+    def _validate_tokens(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty: it needs at least one token")
+        vocab = self.config.model.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens, the model's context (max_model_len) is "
+                f"{self.max_model_len}: shorten the prompt"
+            )
+
+    def _resolve_max_tokens(self, num_prompt: int, params: SamplingParams) -> int:
+        room = self.max_model_len - num_prompt
+        if params.max_tokens is None:
+            return room
+        if params.max_tokens > room:
+            raise ValueError(
+                f"max_tokens={params.max_tokens} plus the prompt's {num_prompt} tokens exceeds "
+                f"max_model_len {self.max_model_len}; ask for at most {room}"
+            )
+        return params.max_tokens

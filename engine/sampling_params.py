@@ -1,0 +1,151 @@
+"""Per-request sampling parameters, shaped like vLLM's `SamplingParams`.
+
+The object is frozen and validated on construction, so every later stage
+(sampler, detokenizer, scheduler) can trust its values without re-checking.
+Validation failures are always `ValueError` naming the field, including
+wrong types, because API layers turn `ValueError` into a 400 response.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+# Below this temperature sampling is treated as greedy (argmax), as in vLLM.
+_GREEDY_EPS = 1e-5
+_MAX_LOGPROBS = 20
+# torch.Generator.manual_seed accepts exactly this range.
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request and when to stop it.
+
+    `top_k` of 0 or -1 disables top-k; `temperature` 0 means greedy;
+    `logprobs` is the number of top alternatives returned besides the chosen
+    token (0: only the chosen token's logprob, None: no logprobs).
+    `stop` and `stop_token_ids` accept a single value or any iterable and
+    are stored as tuples.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        self._normalise_stops()
+        self._validate_numbers()
+        self._validate_flags()
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when the sampler takes the argmax instead of sampling."""
+        return self.temperature < _GREEDY_EPS
+
+    def _normalise_stops(self) -> None:
+        stop = _as_tuple("stop", self.stop, str)
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+        ids = _as_tuple("stop_token_ids", self.stop_token_ids, Integral)
+        for t in ids:
+            if not _is_int(t) or t < 0:
+                raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+
+    def _validate_numbers(self) -> None:
+        # Floats are stored as float so `temperature=1` and `1.0` compare equal.
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty"):
+            object.__setattr__(self, name, _as_float(name, getattr(self, name)))
+        for name in ("n", "top_k", "min_tokens"):
+            _require_int(name, getattr(self, name))
+        for name in ("seed", "max_tokens", "logprobs"):
+            if getattr(self, name) is not None:
+                _require_int(name, getattr(self, name))
+
+        _check(self.n >= 1, "n", self.n, "must be >= 1")
+        _check(self.temperature >= 0.0, "temperature", self.temperature, "must be >= 0")
+        _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "must be in (0, 1]")
+        _check(self.top_k == -1 or self.top_k >= 0, "top_k", self.top_k,
+               "must be -1 or 0 (disabled) or a positive int")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "must be in [0, 1]")
+        _check(self.repetition_penalty > 0.0, "repetition_penalty",
+               self.repetition_penalty, "must be > 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check(-2.0 <= getattr(self, name) <= 2.0, name, getattr(self, name),
+                   "must be in [-2, 2]")
+        if self.max_tokens is not None:
+            _check(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1 or None")
+        _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, "must be >= 0")
+        if self.max_tokens is not None:
+            _check(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
+                   f"must be <= max_tokens ({self.max_tokens})")
+        if self.logprobs is not None:
+            _check(0 <= self.logprobs <= _MAX_LOGPROBS, "logprobs", self.logprobs,
+                   f"must be in [0, {_MAX_LOGPROBS}] or None")
+        if self.seed is not None:
+            _check(_SEED_MIN <= self.seed <= _SEED_MAX, "seed", self.seed,
+                   "must fit in 64 bits")
+
+    def _validate_flags(self) -> None:
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def _check(ok: bool, name: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} {rule}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an Integral subclass, but `n=True` is a caller bug, not 1.
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _require_int(name: str, value: Any) -> None:
+    if not _is_int(value):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+
+
+def _as_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+def _as_tuple(name: str, value: Any, scalar_type: type) -> tuple:
+    """Accept one scalar, None, or any iterable of scalars."""
+    if value is None:
+        return ()
+    if isinstance(value, scalar_type) and not isinstance(value, bool):
+        return (value,)
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence, got {value!r}")
+    try:
+        return tuple(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence, got {value!r}") from None

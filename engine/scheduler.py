@@ -1,0 +1,126 @@
+"""Continuous batching with no prefill phase and no decode phase.
+
+Each step hands out a token budget (`max_num_batched_tokens`): running
+requests first (a decode needs one token, an unfinished prompt its next
+chunk), then waiting requests, whose prompts are chunked into what is left.
+When blocks run out, the newest running request is preempted: its blocks are
+freed and it is recomputed later from its prompt plus the tokens it already
+produced. The scheduler knows no tensors; the model runner knows no queues.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.config import SchedulerConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step, fixed at scheduling time."""
+
+    request: Request
+    num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
+    samples: bool  # this step reaches the request's last token, so its logits are sampled
+
+    @classmethod
+    def of(cls, request: Request, num_new_tokens: int) -> "ScheduledRequest":
+        reaches_end = request.num_computed_tokens + num_new_tokens == request.num_tokens
+        return cls(request, num_new_tokens, reaches_end)
+
+    @property
+    def is_decode(self) -> bool:
+        # Any single-query sequence can take the batched decode attention path.
+        return self.num_new_tokens == 1
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)  # decodes first, then prefills
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager):
+        self.config = config
+        self.kv_cache = kv_cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0  # total since start, for metrics and tests
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        out.scheduled.sort(key=lambda s: not s.is_decode)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv_cache.allocate_slots(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    return budget
+            out.scheduled.append(ScheduledRequest.of(request, num_new))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            cached = self.kv_cache.find_cached_prefix(request)
+            num_cached_tokens = len(cached) * self.kv_cache.block_size
+            num_new = min(request.num_tokens - num_cached_tokens, budget)
+            if not self.kv_cache.allocate_slots(request, num_new, cached):
+                break
+            self.waiting.popleft()
+            if request.status == RequestStatus.WAITING:
+                request.num_cached_tokens = num_cached_tokens
+                self.kv_cache.pool.record_query(request.num_prompt_tokens, num_cached_tokens)
+            request.num_computed_tokens = num_cached_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest.of(request, num_new))
+            budget -= num_new
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """End a request (stop, length or abort) and return its blocks at once."""
+        request.status = status
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv_cache.free(request)

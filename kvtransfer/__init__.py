@@ -1,0 +1,1 @@
+"""kvtransfer: see ../shared/DESIGN.md; built in its own issue."""

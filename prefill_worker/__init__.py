@@ -1,0 +1,1 @@
+"""prefill_worker: see ../shared/DESIGN.md; built in its own issue."""

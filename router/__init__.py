@@ -1,0 +1,1 @@
+"""router: see ../shared/DESIGN.md; built in its own issue."""

@@ -1,0 +1,101 @@
+"""Bad input gets a clear ValueError and the engine keeps serving the others."""
+
+import pytest
+
+from engine import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dirs):
+    return LLM(tiny_model_dirs["llama"], num_kv_blocks=32, max_model_len=64)
+
+
+@pytest.mark.parametrize(
+    "prompt, params, message",
+    [
+        ("", SamplingParams(max_tokens=4), "empty"),
+        ({"prompt_token_ids": []}, SamplingParams(max_tokens=4), "empty"),
+        ({"prompt_token_ids": list(range(3, 70))}, SamplingParams(max_tokens=4), "max_model_len"),
+        ({"prompt_token_ids": [3, 4, 5]}, SamplingParams(max_tokens=62), "max_tokens"),
+        ({"prompt_token_ids": [3, 99999]}, SamplingParams(max_tokens=4), "token ids"),
+        ({"prompt_token_ids": [3, -1]}, SamplingParams(max_tokens=4), "token ids"),
+        ({"wrong": [1]}, SamplingParams(max_tokens=4), "prompt_token_ids"),
+        (12, SamplingParams(max_tokens=4), "prompt must be"),
+        ("hello", {"temperature": 0}, "SamplingParams"),
+    ],
+)
+def test_bad_request_is_refused_and_engine_keeps_serving(llm, prompt, params, message):
+    engine = llm.engine
+    engine.add_request("good", {"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=3))
+    with pytest.raises(ValueError, match=message):
+        engine.add_request("bad", prompt, params)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert outputs[-1].request_id == "good" and outputs[-1].finished
+    assert len(outputs[-1].outputs[0].token_ids) == 3
+    assert engine.kv_cache.num_free_blocks == engine.runner.num_blocks
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(max_tokens=0), dict(max_tokens=-3), dict(temperature=-1.0), dict(top_p=0.0), dict(n=0), dict(top_k=-5)],
+)
+def test_bad_sampling_values_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_duplicate_request_id_and_abort_free_blocks(llm):
+    engine = llm.engine
+    engine.add_request("a", {"prompt_token_ids": list(range(3, 40))}, SamplingParams(max_tokens=8))
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("a", {"prompt_token_ids": [3]}, SamplingParams(max_tokens=8))
+    engine.step()  # the prompt is being computed: blocks are held
+    assert engine.kv_cache.num_free_blocks < engine.runner.num_blocks
+    assert engine.abort_request("a")
+    assert not engine.abort_request("a")
+    assert engine.kv_cache.num_free_blocks == engine.runner.num_blocks
+    assert not engine.has_unfinished_requests()
+
+
+def test_abort_while_waiting_and_generate_error_leaves_nothing_behind(llm):
+    engine = llm.engine
+    engine.add_request("w", {"prompt_token_ids": [3, 4]}, SamplingParams(max_tokens=2))
+    assert engine.abort_request("w")
+    with pytest.raises(ValueError):
+        llm.generate([{"prompt_token_ids": [3, 4]}, ""], SamplingParams(max_tokens=2, n=2), use_tqdm=False)
+    assert engine.num_unfinished_requests == 0 and not engine.has_unfinished_requests()
+
+
+def test_stop_token_stop_string_and_length(llm):
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    base = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0].outputs[0]
+    assert base.finish_reason == "length" and len(base.token_ids) == 12
+    stop_tok = base.token_ids[4]
+    out = llm.generate(
+        {"prompt_token_ids": [5, 6, 7]},
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_tok]),
+        use_tqdm=False,
+    )[0].outputs[0]
+    first = base.token_ids.index(stop_tok)
+    assert out.finish_reason == "stop" and out.stop_reason == stop_tok and out.token_ids == base.token_ids[: first + 1]
+    stop_str = base.text[len(base.text) // 2 : len(base.text) // 2 + 2]
+    if stop_str.strip():
+        out = llm.generate(
+            {"prompt_token_ids": [5, 6, 7]},
+            SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop_str]),
+            use_tqdm=False,
+        )[0].outputs[0]
+        assert out.finish_reason == "stop" and out.stop_reason == stop_str
+        assert out.text == base.text[: base.text.index(stop_str)]
+
+
+def test_n_and_seed_give_reproducible_distinct_samples(llm):
+    params = SamplingParams(temperature=1.0, max_tokens=8, n=3, seed=7, ignore_eos=True)
+    a = llm.generate("The quick brown fox", params, use_tqdm=False)[0]
+    b = llm.generate("The quick brown fox", params, use_tqdm=False)[0]
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert len(a.outputs) == 3 and [c.index for c in a.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in a.outputs}) > 1
