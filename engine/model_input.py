@@ -40,14 +40,17 @@ def build_model_input(scheduled: list[ScheduledRequest], block_size: int, device
         if s.samples:
             logits_indices.append(query_start[-1] - 1)
             states.append(req.sampling)
+    slot_mapping = np.concatenate(slots)
     meta = AttentionMetadata(
-        slot_mapping=_tensor(np.concatenate(slots), device),
+        slot_mapping=_tensor(slot_mapping, device),
         query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         block_tables=_tensor(_pad_tables(tables), device),
         num_decodes=num_decodes,
         query_start_loc_host=tuple(query_start),
         seq_lens_host=tuple(seq_lens),
+        block_size=block_size,
+        all_slots_valid=bool((slot_mapping >= 0).all()),
     )
     return ModelInput(
         input_ids=_tensor(np.concatenate(ids), device),

@@ -43,9 +43,7 @@ def _rebuild_rotary_tables(model: torch.nn.Module, config: EngineConfig) -> None
     fresh = RotaryEmbedding(
         config.model.head_dim, config.scheduler.max_model_len, config.model.rope_theta, config.model.rope_scaling
     ).to(config.device)
-    for module in model.modules():
-        if isinstance(module, RotaryEmbedding):
-            module.cos_cached, module.sin_cached = fresh.cos_cached, fresh.sin_cached
+    model.rotary.cos_cached, model.rotary.sin_cached = fresh.cos_cached, fresh.sin_cached
 
 
 class ModelRunner:

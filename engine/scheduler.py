@@ -71,7 +71,8 @@ class Scheduler:
         budget = self._schedule_running(out, budget)
         if not out.preempted:
             self._schedule_waiting(out, budget)
-        out.scheduled.sort(key=lambda s: not s.is_decode)
+        # Decodes first, shortest context first, so attention can group similar lengths.
+        out.scheduled.sort(key=lambda s: (not s.is_decode, s.request.num_computed_tokens if s.is_decode else 0))
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

@@ -8,8 +8,11 @@ contiguous slice of the token axis:
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
+
+DECODE_GROUP_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,9 @@ class AttentionMetadata:
     query_start_loc_host: tuple[int, ...]
     seq_lens_host: tuple[int, ...]
 
+    block_size: int = 16
+    all_slots_valid: bool = True  # no -1 in slot_mapping: the cache write needs no filtering
+
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_host)
@@ -30,3 +36,22 @@ class AttentionMetadata:
     @property
     def max_seq_len(self) -> int:
         return max(self.seq_lens_host, default=0)
+
+    @cached_property
+    def decode_groups(self) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """Decode sequences in groups padded to their own longest member.
+
+        Built once per step and shared by every layer. Each entry is
+        (first, end, tables [n, blocks], mask [n, 1, 1, max_len]) with True where
+        a key is in context. The scheduler sorts decodes by length, so groups of
+        neighbours waste little padding when lengths are spread.
+        """
+        groups = []
+        for first in range(0, self.num_decodes, DECODE_GROUP_SIZE):
+            end = min(first + DECODE_GROUP_SIZE, self.num_decodes)
+            max_len = max(self.seq_lens_host[first:end])
+            lens = self.seq_lens[first:end]
+            mask = torch.arange(max_len, device=lens.device)[None, :] < lens[:, None]
+            tables = self.block_tables[first:end, : -(-max_len // self.block_size)]
+            groups.append((first, end, tables, mask[:, None, None, :]))
+        return groups

@@ -18,9 +18,10 @@ def write_kv_cache(
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens], -1 = skip
+    all_slots_valid: bool = False,
 ) -> None:
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
+    if not all_slots_valid:
+        keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     flat_k = key_cache.view(-1, *key_cache.shape[2:])  # [num_blocks * block_size, kv_heads, dim]
     flat_v = value_cache.view(-1, *value_cache.shape[2:])
@@ -45,31 +46,26 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping)
+    write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping, meta.all_slots_valid)
     out = torch.empty_like(query)
-    nd = meta.num_decodes
-    if nd:
-        out[:nd] = _decode(query[:nd], key_cache, value_cache, meta, scale)
-    for i in range(nd, meta.num_seqs):
+    for first, end, tables, mask in meta.decode_groups:
+        out[first:end] = _decode(query[first:end], key_cache, value_cache, tables, mask, scale)
+    for i in range(meta.num_decodes, meta.num_seqs):
         start, end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
         out[start:end] = _prefill(query[start:end], key_cache, value_cache, meta, i, scale)
     return out
 
 
-def _decode(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    nd = meta.num_decodes
-    seq_lens = meta.seq_lens[:nd]
-    max_len = max(meta.seq_lens_host[:nd])
-    block_size = key_cache.shape[1]
-    tables = meta.block_tables[:nd, : (max_len + block_size - 1) // block_size]
+def _decode(q, key_cache, value_cache, tables, mask, scale: float) -> torch.Tensor:
+    # q: [nd, heads, dim]; tables: [nd, blocks]; mask: [nd, 1, 1, max_len]
+    max_len = mask.shape[-1]
     k = key_cache[tables].flatten(1, 2)[:, :max_len]  # [nd, max_len, kv_heads, dim]
     v = value_cache[tables].flatten(1, 2)[:, :max_len]
-    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [nd, max_len]
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [nd, heads, 1, dim]
         k.transpose(1, 2),  # [nd, kv_heads, max_len, dim]
         v.transpose(1, 2),
-        attn_mask=mask[:, None, None, :],
+        attn_mask=mask,
         scale=scale,
         enable_gqa=True,
     )

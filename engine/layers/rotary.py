@@ -1,7 +1,7 @@
 """Rotary position embedding (NeoX "rotate half" layout, as Hugging Face Llama uses).
 
-cos/sin are precomputed for every position up to max_positions once, so a
-step only gathers rows by position: no per-token Python work.
+cos/sin are precomputed for every position up to max_positions once; a step
+gathers the rows of its positions once (`lookup`) and every layer reuses them.
 """
 
 import math
@@ -43,14 +43,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        # positions: [num_tokens]; q: [num_tokens, num_heads, head_dim]; k: [num_tokens, num_kv_heads, head_dim]
-        cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
-        sin = self.sin_cached[positions].unsqueeze(1).to(q.dtype)
-        return _apply(q, cos, sin), _apply(k, cos, sin)
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of each position: [num_tokens, 1, head_dim], once per step."""
+        cos = self.cos_cached[positions].unsqueeze(1).to(dtype)
+        sin = self.sin_cached[positions].unsqueeze(1).to(dtype)
+        return cos, sin
 
 
-def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [num_tokens, heads, head_dim]; cos, sin: [num_tokens, 1, head_dim]
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

@@ -13,12 +13,12 @@ from torch import nn
 from engine.attention import AttentionMetadata
 from engine.config import ModelConfig
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding
+from engine.layers.rotary import RotaryEmbedding, apply_rotary
 
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
@@ -27,18 +27,17 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.rotary = rotary
         self.scale = self.head_dim**-0.5
 
-    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, attn_fn):
-        # hidden: [num_tokens, hidden_size]
+    def forward(self, rope, hidden, kv_cache, meta: AttentionMetadata, attn_fn):
+        # hidden: [num_tokens, hidden_size]; rope: (cos, sin) of the step's positions
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [num_tokens, heads, dim]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, kv_heads, dim]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = attn_fn(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.flatten(1))
 
@@ -56,15 +55,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.self_attn = Attention(cfg, rotary)
+        self.self_attn = Attention(cfg)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions, hidden, kv_cache, meta, attn_fn):
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta, attn_fn)
+    def forward(self, rope, hidden, kv_cache, meta, attn_fn):
+        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), kv_cache, meta, attn_fn)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -74,9 +73,9 @@ class DecoderForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
         self.config = cfg
-        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
@@ -89,8 +88,9 @@ class DecoderForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, attn_fn) -> torch.Tensor:
         # input_ids, positions: [num_tokens]; kv_caches: one (key_cache, value_cache) per layer
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        rope = self.rotary.lookup(positions, hidden.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, meta, attn_fn)
+            hidden = layer(rope, hidden, kv_cache, meta, attn_fn)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
