@@ -9,6 +9,9 @@ block's hash (LRU eviction of cached blocks no request holds).
 
     free queue:  head [b7 b2 b9 ... b4] tail
                  evicted first      freed last
+
+Blocks that hold no cached prefix are freed to the head instead: they are
+handed out before any cached block is evicted.
 """
 
 from __future__ import annotations
@@ -92,13 +95,20 @@ class BlockPool:
             block.ref_count += 1
 
     def free(self, blocks: list[KVBlock]) -> None:
-        """Drop one reference per block. Pass blocks in eviction order: the first freed is evicted first."""
+        """Drop one reference per block. Pass blocks in eviction order: the first freed is evicted first.
+
+        A block that holds no cached prefix goes to the head of the queue: it has
+        nothing worth keeping, and reusing it first keeps memory that is already
+        paged in (and warm in cache) busy instead of touching fresh pages.
+        """
         for block in blocks:
             if block.ref_count <= 0:
                 raise RuntimeError(f"block {block.block_id} freed more often than allocated")
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block.block_id] = None
+                if block.block_hash is None:
+                    self._free.move_to_end(block.block_id, last=False)
 
     def cache_block(self, block: KVBlock, block_hash: BlockHash) -> None:
         """Record that `block` holds the full block with this chain hash (its KV is computed)."""

@@ -38,7 +38,24 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE when not already set")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--enforce-eager", action="store_true", help="skip vLLM's torch.compile warm-up")
+    p.add_argument("--no-preload", action="store_true", help="do not preload Intel OpenMP (libiomp5)")
     return p.parse_args()
+
+
+def reexec_with_iomp(args: argparse.Namespace) -> None:
+    """Restart this script with the virtualenv's libiomp5 in LD_PRELOAD, when it has one.
+
+    vLLM's CPU docs ask for Intel OpenMP to be preloaded for best performance
+    (it warns at start-up otherwise), and LD_PRELOAD only takes effect when a
+    process starts, so the script re-executes itself once. The venv's
+    `intel-openmp` wheel ships the library; without it, nothing happens.
+    """
+    lib = os.path.join(sys.prefix, "lib", "libiomp5.so")
+    preload = os.environ.get("LD_PRELOAD", "")
+    if args.no_preload or "libiomp5" in preload or not os.path.exists(lib):
+        return
+    env = {**os.environ, "LD_PRELOAD": f"{lib}:{preload}" if preload else lib}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def cpu_bind_list(threads: int) -> str:
@@ -57,9 +74,15 @@ def configure_env(args: argparse.Namespace) -> dict[str, str]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind_list(args.threads))
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    # vLLM otherwise drops the front-end and scheduler processes to one thread, which is fine,
-    # but its model worker takes its thread count from the bind list above.
-    keys = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS")
+    # The front-end and scheduler processes still drop to one torch thread (vLLM's choice);
+    # the model worker takes its OpenMP threads from the bind list above.
+    keys = (
+        "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU",
+        "OMP_NUM_THREADS",
+        "LD_PRELOAD",
+    )
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
@@ -110,6 +133,7 @@ def run_workload(llm, timer: StepTimer, spec: dict) -> dict:
 
 def main() -> int:
     args = parse_args()
+    reexec_with_iomp(args)
     env = configure_env(args)
     import vllm  # only now: vLLM reads its environment variables when imported
     from vllm import LLM
@@ -130,9 +154,15 @@ def main() -> int:
     # One short generate first, so lazy initialisation is not counted in the timings.
     run_workload(llm, timer, job["warmup"])
     results = {name: run_workload(llm, timer, spec) for name, spec in job["workloads"].items()}
+    scheduler = llm.llm_engine.vllm_config.scheduler_config
     report = {
         "vllm_version": vllm.__version__,
-        "settings": {"env": env, "llm_kwargs": llm_kwargs},
+        "settings": {
+            "env": env,
+            "llm_kwargs": llm_kwargs,
+            "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+            "max_num_seqs": scheduler.max_num_seqs,
+        },
         "load_s": load_s,
         "results": results,
     }

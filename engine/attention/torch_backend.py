@@ -37,6 +37,16 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -
     return blocks.flatten(0, 1)[:num_tokens]
 
 
+def gather_padded_kv(cache: torch.Tensor, tables: torch.Tensor, max_len: int) -> torch.Tensor:
+    """K or V of several sequences, padded: [num_seqs, max_len, num_kv_heads, head_dim].
+
+    index_select over whole blocks is a few times faster than advanced indexing.
+    """
+    n, num_blocks = tables.shape
+    blocks = cache.index_select(0, tables.flatten())  # [n * num_blocks, block_size, kv_heads, dim]
+    return blocks.view(n, num_blocks * cache.shape[1], *cache.shape[2:])[:, :max_len]
+
+
 def paged_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -58,18 +68,21 @@ def paged_attention(
 
 def _decode(q, key_cache, value_cache, tables, mask, scale: float) -> torch.Tensor:
     # q: [nd, heads, dim]; tables: [nd, blocks]; mask: [nd, 1, 1, max_len]
+    nd, num_heads, dim = q.shape
+    num_kv_heads = key_cache.shape[2]
     max_len = mask.shape[-1]
-    k = key_cache[tables].flatten(1, 2)[:, :max_len]  # [nd, max_len, kv_heads, dim]
-    v = value_cache[tables].flatten(1, 2)[:, :max_len]
+    k = gather_padded_kv(key_cache, tables, max_len)  # [nd, max_len, kv_heads, dim]
+    v = gather_padded_kv(value_cache, tables, max_len)
+    # The query heads that share a KV head become that head's query rows, so
+    # attention is one plain (non-GQA) call with group-size queries per KV head.
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # [nd, heads, 1, dim]
+        q.view(nd, num_kv_heads, num_heads // num_kv_heads, dim),  # [nd, kv_heads, group, dim]
         k.transpose(1, 2),  # [nd, kv_heads, max_len, dim]
         v.transpose(1, 2),
         attn_mask=mask,
         scale=scale,
-        enable_gqa=True,
     )
-    return out.squeeze(2)
+    return out.reshape(nd, num_heads, dim)
 
 
 def _prefill(q, key_cache, value_cache, meta: AttentionMetadata, i: int, scale: float) -> torch.Tensor:
@@ -77,15 +90,20 @@ def _prefill(q, key_cache, value_cache, meta: AttentionMetadata, i: int, scale: 
     ctx = meta.seq_lens_host[i]
     k = gather_kv(key_cache, meta.block_tables[i], ctx)  # [ctx, kv_heads, dim]
     v = gather_kv(value_cache, meta.block_tables[i], ctx)
-    # Query j sits at position ctx - num_q + j and sees keys up to and including it.
-    q_pos = torch.arange(ctx - num_q, ctx, device=q.device)
-    mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]  # [num_q, ctx]
+    if ctx == num_q:
+        mask, causal = None, True  # no cached prefix: plain causal, the fastest kernel
+    else:
+        # Query j sits at position ctx - num_q + j and sees keys up to and including it.
+        q_pos = torch.arange(ctx - num_q, ctx, device=q.device)
+        mask, causal = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None], False  # [num_q, ctx]
+    # 4-D inputs (a batch of one) take torch's fast CPU flash kernel; 3-D ones do not.
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1),  # [heads, num_q, dim]
-        k.transpose(0, 1),  # [kv_heads, ctx, dim]
-        v.transpose(0, 1),
+        q.transpose(0, 1)[None],  # [1, heads, num_q, dim]
+        k.transpose(0, 1)[None],  # [1, kv_heads, ctx, dim]
+        v.transpose(0, 1)[None],
         attn_mask=mask,
+        is_causal=causal,
         scale=scale,
         enable_gqa=True,
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)

@@ -31,13 +31,14 @@ class Attention(nn.Module):
 
     def forward(self, rope, hidden, kv_cache, meta: AttentionMetadata, attn_fn):
         # hidden: [num_tokens, hidden_size]; rope: (cos, sin) of the step's positions
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # [num_tokens, heads, dim]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, kv_heads, dim]
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(hidden).view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
+        # Q and K heads share the positions: rotate them in one pass.
+        qk = apply_rotary(qk, *rope)  # [num_tokens, heads + kv_heads, dim]
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         out = attn_fn(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.flatten(1))
 

@@ -63,3 +63,15 @@ def test_caching_disabled_never_hits():
     h = hash_block_tokens(None, [1, 2])
     pool.cache_block(block, h)
     assert pool.lookup(h) is None
+
+
+def test_uncached_free_blocks_are_reused_before_cached_ones_are_evicted():
+    pool = BlockPool(4)
+    cached, plain = pool.allocate(2)
+    h = hash_block_tokens(None, [1])
+    pool.cache_block(cached, h)
+    pool.free([cached, plain])
+    first, second = pool.allocate(2)
+    assert first is plain  # the uncached block comes back first
+    assert pool.lookup(h) is cached  # and the cached prefix survives
+    assert second.block_id not in (cached.block_id, plain.block_id)
