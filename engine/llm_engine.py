@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
+from engine.log import configure_logging
 from engine.model_input import build_model_input
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, RequestOutput
@@ -23,6 +24,7 @@ from engine.scheduler import Scheduler, SchedulerOutput
 from engine.tokenizer import eos_token_ids_for, load_tokenizer
 
 logger = logging.getLogger("tandem.engine")
+configure_logging()
 
 Prompt = str | list[int] | dict
 
@@ -92,6 +94,18 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._prompts: dict[str, str | None] = {}
+        sc = config.scheduler
+        logger.info(
+            "engine ready: %s, %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
+            "prefix caching %s",
+            config.model.architecture,
+            config.dtype,
+            config.device,
+            self.max_model_len,
+            sc.max_num_seqs,
+            sc.max_num_batched_tokens,
+            "on" if config.cache.enable_prefix_caching else "off",
+        )
 
     @classmethod
     def from_args(cls, args: EngineArgs, **kwargs) -> "LLMEngine":
@@ -105,6 +119,9 @@ class LLMEngine:
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if params.n != 1:
+            # One engine request is one sequence; LLM.generate and the router fan n out.
+            raise ValueError(f"LLMEngine.add_request takes n=1, got n={params.n}; add n requests instead")
         text, token_ids = self._tokenize(prompt)
         self._validate_tokens(token_ids)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
@@ -117,12 +134,11 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request and free its blocks now. Returns False when it is unknown or already done."""
-        req = self.requests.pop(request_id, None)
+        req = self.requests.get(request_id)
         if req is None:
             return False
         self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
-        self._detok.pop(request_id, None)
-        self._prompts.pop(request_id, None)
+        self._forget(request_id)
         return True
 
     def has_unfinished_requests(self) -> bool:

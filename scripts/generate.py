@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import time
 
 from engine import LLM, SamplingParams
@@ -34,7 +33,6 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args()
     llm = LLM(
         args.model,

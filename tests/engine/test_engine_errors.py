@@ -69,7 +69,6 @@ def test_abort_while_waiting_and_generate_error_leaves_nothing_behind(llm):
 
 
 def test_stop_token_stop_string_and_length(llm):
-    engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     base = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0].outputs[0]
     assert base.finish_reason == "length" and len(base.token_ids) == 12
@@ -99,3 +98,9 @@ def test_n_and_seed_give_reproducible_distinct_samples(llm):
     assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
     assert len(a.outputs) == 3 and [c.index for c in a.outputs] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in a.outputs}) > 1
+
+
+def test_engine_request_takes_one_sequence(llm):
+    with pytest.raises(ValueError, match="n=1"):
+        llm.engine.add_request("n2", {"prompt_token_ids": [3, 4]}, SamplingParams(n=2))
+    assert not llm.engine.has_unfinished_requests()

@@ -18,11 +18,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from engine import gguf_convert
+from engine.hub_source import HUB_ALLOW_PATTERNS
 from engine import model_source as ms
 from engine.model_source import (
     DEFAULT_HUB_ID,
     DEFAULT_MODEL,
-    HUB_ALLOW_PATTERNS,
     ModelConversionError,
     ModelNotFoundError,
     convert_gguf,
@@ -199,7 +200,7 @@ def test_plain_file_is_an_error(tmp_path):
 
 def test_dir_with_one_gguf_is_converted(tmp_path, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(ms, "_convert_into", fake_converter(calls))
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_converter(calls))
     gguf = write_fake_gguf(tmp_path / "models" / "tiny.Q8_0.gguf")
     out = resolve_model(gguf.parent, cache_dir=str(tmp_path / "cache"))
     assert out == gguf_cache_dir(gguf, tmp_path / "cache")
@@ -241,7 +242,7 @@ def test_cache_root_precedence(tmp_path, monkeypatch):
 
 def test_concurrent_conversions_run_once(tmp_path, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(ms, "_convert_into", fake_converter(calls, delay=0.3))
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_converter(calls, delay=0.3))
     gguf = write_fake_gguf(tmp_path / "m.gguf")
     results: list = []
     workers = [
@@ -262,7 +263,7 @@ def test_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
         (out / "config.json").write_text("{}")
         raise ValueError("unsupported GGUF architecture")
 
-    monkeypatch.setattr(ms, "_convert_into", broken)
+    monkeypatch.setattr(gguf_convert, "_convert_into", broken)
     gguf = write_fake_gguf(tmp_path / "m.gguf")
     target = gguf_cache_dir(gguf, tmp_path / "cache")
     with pytest.raises(ModelConversionError, match="unsupported GGUF architecture"):
@@ -270,13 +271,13 @@ def test_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     assert not target.exists()
     assert not list(target.parent.glob(".*tmp-*"))
 
-    monkeypatch.setattr(ms, "_convert_into", fake_converter([]))
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_converter([]))
     assert convert_gguf(gguf, tmp_path / "cache") == target
 
 
 def test_leftovers_of_a_killed_conversion_are_replaced(tmp_path, monkeypatch, caplog):
     calls: list = []
-    monkeypatch.setattr(ms, "_convert_into", fake_converter(calls))
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_converter(calls))
     gguf = write_fake_gguf(tmp_path / "m.gguf")
     target = gguf_cache_dir(gguf, tmp_path / "cache")
     stale = target.parent / f".{target.name}.tmp-dead"
@@ -293,12 +294,12 @@ def test_gguf_quantizer_is_dropped_only_from_dense_models():
     removed = []
     model = torch.nn.Linear(2, 2)
     model.hf_quantizer = SimpleNamespace(remove_quantization_config=removed.append)
-    ms._drop_gguf_quantizer(model, Path("m.gguf"))
+    gguf_convert._drop_gguf_quantizer(model, Path("m.gguf"))
     assert removed == [model]
 
     model.packed = torch.nn.Parameter(torch.zeros(4, dtype=torch.uint8), requires_grad=False)
     with pytest.raises(ModelConversionError, match="packed"):
-        ms._drop_gguf_quantizer(model, Path("m.gguf"))
+        gguf_convert._drop_gguf_quantizer(model, Path("m.gguf"))
 
 
 # ----------------------------------------------------------------------------- hub
