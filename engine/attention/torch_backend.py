@@ -62,7 +62,7 @@ def paged_attention(
         out[first:end] = _decode(query[first:end], key_cache, value_cache, tables, mask, scale)
     for i in range(meta.num_decodes, meta.num_seqs):
         start, end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
-        out[start:end] = _prefill(query[start:end], key_cache, value_cache, meta, i, scale)
+        out[start:end] = prefill_attention(query[start:end], key_cache, value_cache, meta, i, scale)
     return out
 
 
@@ -85,7 +85,8 @@ def _decode(q, key_cache, value_cache, tables, mask, scale: float) -> torch.Tens
     return out.reshape(nd, num_heads, dim)
 
 
-def _prefill(q, key_cache, value_cache, meta: AttentionMetadata, i: int, scale: float) -> torch.Tensor:
+def prefill_attention(q, key_cache, value_cache, meta: AttentionMetadata, i: int, scale: float) -> torch.Tensor:
+    """Sequence i's query chunk against its cached prefix plus itself, causally."""
     num_q = q.shape[0]
     ctx = meta.seq_lens_host[i]
     k = gather_kv(key_cache, meta.block_tables[i], ctx)  # [ctx, kv_heads, dim]

@@ -1,0 +1,39 @@
+"""The CPU attention backend: the PyTorch path with decode attention done natively.
+
+Decode sequences go to the C++ kernel in one call (no padding, no gather copy);
+prefill chunks take the same SDPA path as the PyTorch backend.
+"""
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.torch_backend import prefill_attention, write_kv_cache
+
+
+def make_cpu_paged_attention(kernels):
+    """Bind the compiled kernels into a function with the backend signature."""
+
+    def paged_attention(
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping, meta.all_slots_valid)
+        nd = meta.num_decodes
+        if nd == meta.num_seqs:  # decode-only step: no output assembly needed
+            return kernels.paged_decode_attention(query, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale)
+        out = torch.empty_like(query)
+        if nd:
+            out[:nd] = kernels.paged_decode_attention(
+                query[:nd], key_cache, value_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale
+            )
+        for i in range(nd, meta.num_seqs):
+            start, end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
+            out[start:end] = prefill_attention(query[start:end], key_cache, value_cache, meta, i, scale)
+        return out
+
+    return paged_attention
