@@ -59,9 +59,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def compute_logits(self, batch: ModelInput) -> torch.Tensor:
-        """Logits of the sampling rows: [num_sampling, vocab_size]."""
+        """Float32 logits of the sampling rows: [num_sampling, vocab_size].
+
+        Sampling always works in float32 (as vLLM's does); for bfloat16 models the
+        cast also makes the argmax several times faster on CPU.
+        """
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.attn_fn)
-        return self.model.compute_logits(hidden[batch.logits_indices])
+        return self.model.compute_logits(hidden[batch.logits_indices]).float()
 
     @torch.inference_mode()
     def execute(self, batch: ModelInput) -> SamplerOutput:

@@ -16,6 +16,7 @@
 #include <vector>
 
 static constexpr int64_t kMaxHeadDim = 256;
+static constexpr int64_t kMaxGroup = 64;  // query heads per KV head
 
 // A K or V row as float: float rows are used in place, others widened into `buf`.
 static inline const float* as_float(const float* row, int64_t, float*) { return row; }
@@ -28,12 +29,14 @@ static inline const float* as_float(const c10::BFloat16* row, int64_t dim, float
   return buf;
 }
 
-template <typename T>
+// kDim > 0 fixes head_dim at compile time (fully unrolled, vectorised rows); 0 reads it at run time.
+template <typename T, int64_t kDim>
 static void decode_one(const T* q, const T* kc, const T* vc, const int64_t* table, int64_t len,
-                       int64_t kv_head, int64_t group, int64_t dim, int64_t block_size,
+                       int64_t kv_head, int64_t group, int64_t dim_arg, int64_t block_size,
                        int64_t num_kv_heads, float scale, T* out, std::vector<float>& scores,
                        std::vector<float>& acc, std::vector<float>& qf) {
   // q, out point at the group's first query head: [group, dim]; scores: [group, len]
+  const int64_t dim = kDim > 0 ? kDim : dim_arg;
   for (int64_t i = 0; i < group * dim; ++i) qf[i] = static_cast<float>(q[i]) * scale;
   const int64_t token_stride = num_kv_heads * dim;
   const int64_t num_blocks = (len + block_size - 1) / block_size;
@@ -52,17 +55,19 @@ static void decode_one(const T* q, const T* kc, const T* vc, const int64_t* tabl
       }
     }
   }
+  // Softmax without normalising the weights: the sum divides the output once at the end.
+  float inv_sum[kMaxGroup];
   for (int64_t g = 0; g < group; ++g) {
     float* sg = scores.data() + g * len;
-    const float m = *std::max_element(sg, sg + len);
+    float m = sg[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t t = 0; t < len; ++t) m = std::max(m, sg[t]);
+#pragma omp simd
+    for (int64_t t = 0; t < len; ++t) sg[t] = std::exp(sg[t] - m);
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < len; ++t) {
-      sg[t] = std::exp(sg[t] - m);
-      sum += sg[t];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
+    for (int64_t t = 0; t < len; ++t) sum += sg[t];
+    inv_sum[g] = 1.f / sum;
   }
   std::fill(acc.begin(), acc.begin() + group * dim, 0.f);
   for (int64_t b = 0; b < num_blocks; ++b) {
@@ -78,7 +83,7 @@ static void decode_one(const T* q, const T* kc, const T* vc, const int64_t* tabl
       }
     }
   }
-  for (int64_t i = 0; i < group * dim; ++i) out[i] = static_cast<T>(acc[i]);
+  for (int64_t i = 0; i < group * dim; ++i) out[i] = static_cast<T>(acc[i] * inv_sum[i / dim]);
 }
 
 template <typename T>
@@ -100,8 +105,9 @@ static void run(const torch::Tensor& query, const torch::Tensor& key_cache, cons
     for (int64_t i = begin; i < end; ++i) {
       const int64_t s = i / num_kv_heads, h = i % num_kv_heads;
       const int64_t offset = (s * num_heads + h * group) * dim;
-      decode_one<T>(q + offset, kc, vc, tables + s * max_blocks, lens[s], h, group, dim, block_size,
-                    num_kv_heads, static_cast<float>(scale), o + offset, scores, acc, qf);
+      auto one = dim == 64 ? decode_one<T, 64> : dim == 128 ? decode_one<T, 128> : decode_one<T, 0>;
+      one(q + offset, kc, vc, tables + s * max_blocks, lens[s], h, group, dim, block_size, num_kv_heads,
+          static_cast<float>(scale), o + offset, scores, acc, qf);
     }
   });
 }
@@ -112,6 +118,7 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(query.size(1) % key_cache.size(2) == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(query.size(2) <= kMaxHeadDim, "head_dim above 256 is not supported");
+  TORCH_CHECK(query.size(1) / key_cache.size(2) <= kMaxGroup, "more than 64 query heads per KV head");
   TORCH_CHECK(block_table.scalar_type() == torch::kInt64 && seq_lens.scalar_type() == torch::kInt32,
               "block_table int64, seq_lens int32");
   query = query.contiguous();
