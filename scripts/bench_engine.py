@@ -591,6 +591,7 @@ def main(argv=None) -> int:
             "workloads": [asdict(w) for w in workloads],
             "results": [r.to_json() for r in results],
         }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}")
     return 0
