@@ -7,7 +7,7 @@ prefill chunks take the same SDPA path as the PyTorch backend.
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.torch_backend import prefill_attention, write_kv_cache
+from engine.attention.torch_backend import attend_prefills, write_kv_cache
 
 
 def make_cpu_paged_attention(kernels):
@@ -31,9 +31,7 @@ def make_cpu_paged_attention(kernels):
             out[:nd] = kernels.paged_decode_attention(
                 query[:nd], key_cache, value_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale
             )
-        for i in range(nd, meta.num_seqs):
-            start, end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
-            out[start:end] = prefill_attention(query[start:end], key_cache, value_cache, meta, i, scale)
+        attend_prefills(out, query, key_cache, value_cache, meta, scale)
         return out
 
     return paged_attention

@@ -60,10 +60,15 @@ def paged_attention(
     out = torch.empty_like(query)
     for first, end, tables, mask in meta.decode_groups:
         out[first:end] = _decode(query[first:end], key_cache, value_cache, tables, mask, scale)
+    attend_prefills(out, query, key_cache, value_cache, meta, scale)
+    return out
+
+
+def attend_prefills(out, query, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> None:
+    """Fill `out` for every prefill chunk (the sequences after the decodes), one SDPA call each."""
     for i in range(meta.num_decodes, meta.num_seqs):
         start, end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
         out[start:end] = prefill_attention(query[start:end], key_cache, value_cache, meta, i, scale)
-    return out
 
 
 def _decode(q, key_cache, value_cache, tables, mask, scale: float) -> torch.Tensor:

@@ -29,6 +29,18 @@ static inline const float* as_float(const c10::BFloat16* row, int64_t dim, float
   return buf;
 }
 
+// Calls fn(row, t) for the KV-head row of each of a sequence's first `len` tokens,
+// walking the block table a block at a time (no division per token).
+template <typename T, typename Fn>
+static inline void for_each_row(const T* cache, const int64_t* table, int64_t len, int64_t block_size,
+                                int64_t token_stride, int64_t head_offset, Fn&& fn) {
+  for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
+    const T* block = cache + table[b] * block_size * token_stride + head_offset;
+    const int64_t n = std::min(block_size, len - first);
+    for (int64_t j = 0; j < n; ++j) fn(block + j * token_stride, first + j);
+  }
+}
+
 // kDim > 0 fixes head_dim at compile time (fully unrolled, vectorised rows); 0 reads it at run time.
 template <typename T, int64_t kDim>
 static void decode_one(const T* q, const T* kc, const T* vc, const int64_t* table, int64_t len,
@@ -39,22 +51,17 @@ static void decode_one(const T* q, const T* kc, const T* vc, const int64_t* tabl
   const int64_t dim = kDim > 0 ? kDim : dim_arg;
   for (int64_t i = 0; i < group * dim; ++i) qf[i] = static_cast<float>(q[i]) * scale;
   const int64_t token_stride = num_kv_heads * dim;
-  const int64_t num_blocks = (len + block_size - 1) / block_size;
   float buf[kMaxHeadDim];  // one K or V row, widened to float once for all the group's heads
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t first = b * block_size, n = std::min(block_size, len - first);
-    const T* k_block = kc + table[b] * block_size * token_stride + kv_head * dim;
-    for (int64_t j = 0; j < n; ++j) {
-      const float* k = as_float(k_block + j * token_stride, dim, buf);
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qg = qf.data() + g * dim;
-        float s = 0.f;
+  for_each_row(kc, table, len, block_size, token_stride, kv_head * dim, [&](const T* row, int64_t t) {
+    const float* k = as_float(row, dim, buf);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf.data() + g * dim;
+      float s = 0.f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t d = 0; d < dim; ++d) s += qg[d] * k[d];
-        scores[g * len + first + j] = s;
-      }
+      for (int64_t d = 0; d < dim; ++d) s += qg[d] * k[d];
+      scores[g * len + t] = s;
     }
-  }
+  });
   // Softmax without normalising the weights: the sum divides the output once at the end.
   float inv_sum[kMaxGroup];
   for (int64_t g = 0; g < group; ++g) {
@@ -70,19 +77,15 @@ static void decode_one(const T* q, const T* kc, const T* vc, const int64_t* tabl
     inv_sum[g] = 1.f / sum;
   }
   std::fill(acc.begin(), acc.begin() + group * dim, 0.f);
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t first = b * block_size, n = std::min(block_size, len - first);
-    const T* v_block = vc + table[b] * block_size * token_stride + kv_head * dim;
-    for (int64_t j = 0; j < n; ++j) {
-      const float* v = as_float(v_block + j * token_stride, dim, buf);
-      for (int64_t g = 0; g < group; ++g) {
-        const float p = scores[g * len + first + j];
-        float* a = acc.data() + g * dim;
+  for_each_row(vc, table, len, block_size, token_stride, kv_head * dim, [&](const T* row, int64_t t) {
+    const float* v = as_float(row, dim, buf);
+    for (int64_t g = 0; g < group; ++g) {
+      const float p = scores[g * len + t];
+      float* a = acc.data() + g * dim;
 #pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) a[d] += p * v[d];
-      }
+      for (int64_t d = 0; d < dim; ++d) a[d] += p * v[d];
     }
-  }
+  });
   for (int64_t i = 0; i < group * dim; ++i) out[i] = static_cast<T>(acc[i] * inv_sum[i / dim]);
 }
 
