@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from engine import LLM, SamplingParams
@@ -25,7 +26,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's own context length")
     p.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache budget in bytes")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--no-chat", action="store_true", help="send prompts raw, without the chat template")
@@ -34,6 +35,14 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        # A user-facing tool: the message says what is wrong, no traceback.
+        sys.exit(f"error: {err}")
+
+
+def run(args: argparse.Namespace) -> None:
     llm = LLM(
         args.model,
         dtype=args.dtype,

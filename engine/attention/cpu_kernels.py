@@ -29,6 +29,7 @@ def load_cpu_kernels():
     try:
         from torch.utils.cpp_extension import load
 
+        logger.info("loading native CPU kernels (compiled on first use, ~30 s; cached afterwards)")
         return load("tandem_cpu_kernels", [str(_SOURCE)], extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"])
     except Exception as err:  # a missing compiler or ninja shows up as many exception types
         logger.warning("native CPU kernels unavailable (%s); using the PyTorch attention path", err)
