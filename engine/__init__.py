@@ -10,6 +10,7 @@ _EXPORTS = {
     "LLM": "engine.llm",
     "LLMEngine": "engine.llm_engine",
     "EngineArgs": "engine.llm_engine",
+    "EngineStepError": "engine.llm_engine",
     "EngineConfig": "engine.config",
     "ModelConfig": "engine.config",
     "CacheConfig": "engine.config",

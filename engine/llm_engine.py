@@ -29,6 +29,14 @@ configure_logging()
 Prompt = str | list[int] | dict
 
 
+class EngineStepError(RuntimeError):
+    """A forward step failed; its requests were aborted and their blocks freed."""
+
+    def __init__(self, request_ids: list[str], cause: BaseException):
+        super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); aborted {request_ids}")
+        self.request_ids = request_ids
+
+
 @dataclass(frozen=True)
 class EngineArgs:
     """User-facing knobs with vLLM's names; `create_engine_config` resolves them."""
@@ -154,8 +162,16 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        batch = build_model_input(sched.scheduled, self.config.cache.block_size, self.config.device)
-        sampled = self.runner.execute(batch)
+        try:
+            batch = build_model_input(sched.scheduled, self.config.cache.block_size, self.config.device)
+            sampled = self.runner.execute(batch)
+        except Exception as err:
+            # The step's requests cannot be trusted to have valid KV: end them and
+            # return their blocks, so one bad step never leaks blocks or wedges the rest.
+            failed = [s.request.request_id for s in sched.scheduled]
+            for request_id in failed:
+                self.abort_request(request_id)
+            raise EngineStepError(failed, err) from err
         return self._update(sched, sampled)
 
     def _update(self, sched: SchedulerOutput, sampled) -> list[RequestOutput]:

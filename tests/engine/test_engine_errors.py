@@ -104,3 +104,24 @@ def test_engine_request_takes_one_sequence(llm):
     with pytest.raises(ValueError, match="n=1"):
         llm.engine.add_request("n2", {"prompt_token_ids": [3, 4]}, SamplingParams(n=2))
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_failed_step_aborts_its_requests_frees_blocks_and_engine_recovers(llm, monkeypatch):
+    from engine.llm_engine import EngineStepError
+
+    engine = llm.engine
+    engine.add_request("doomed", {"prompt_token_ids": list(range(3, 30))}, SamplingParams(max_tokens=4))
+    real_execute = engine.runner.execute
+
+    def broken(batch):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(engine.runner, "execute", broken)
+    with pytest.raises(EngineStepError, match="simulated kernel failure") as info:
+        engine.step()
+    assert info.value.request_ids == ["doomed"]
+    assert not engine.has_unfinished_requests()
+    assert engine.kv_cache.num_free_blocks == engine.runner.num_blocks
+    monkeypatch.setattr(engine.runner, "execute", real_execute)
+    out = llm.generate({"prompt_token_ids": [3, 4, 5]}, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
