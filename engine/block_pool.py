@@ -127,11 +127,6 @@ class BlockPool:
     def hit_rate(self) -> float:
         return self.num_cache_hits / self.num_cache_queries if self.num_cache_queries else 0.0
 
-    def reset_prefix_cache(self) -> None:
-        for block in list(self._cached.values()):
-            block.block_hash = None
-        self._cached.clear()
-
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:
             if self._cached.get(block.block_hash) is block:

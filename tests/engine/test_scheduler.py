@@ -69,6 +69,9 @@ def test_prefix_hit_skips_computed_blocks_but_leaves_one_token():
     sched.add_request(c)
     out = _run_step(sched)
     assert c.num_cached_tokens == 4 and [s.num_new_tokens for s in out.scheduled if s.request is c] == [4]
+    # Prompt tokens queried: 9 + 12 + 8; served from the cache: 0 + 8 + 4.
+    assert sched.kv_cache.pool.hit_rate == 12 / 29
+    assert 0.0 < sched.kv_cache.usage < 1.0
 
 
 def test_preempts_newest_when_blocks_run_out_and_frees_on_finish():
