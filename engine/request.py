@@ -66,50 +66,6 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
-
-
-@dataclass(eq=False)
-class Request:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    max_tokens: int  # resolved from params.max_tokens and max_model_len
-    eos_token_ids: tuple[int, ...] = ()
-    arrival_time: float = field(default_factory=time.monotonic)
-    status: RequestStatus = RequestStatus.WAITING
-    output_token_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
-    num_preemptions: int = 0
-    blocks: list[KVBlock] = field(default_factory=list)
-    block_hashes: list[BlockHash] = field(default_factory=list)  # chain hashes of full token blocks
-    stop_reason: int | str | None = None
-
-    def __post_init__(self):
-        self.sampling = SamplingState.create(
-            self.params, self.prompt_token_ids, self.output_token_ids, self.eos_token_ids
-        )
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    def token_at(self, position: int) -> int:
-        n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
-
-    @property
-    def is_finished(self) -> bool:
         return self.status.is_finished
 
     @property
