@@ -208,5 +208,7 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
-            raise ValueError(f"attention_backend must be auto, torch, cpu or triton, got {self.attention_backend!r}")
+        from engine.attention import BACKENDS
+
+        if self.attention_backend not in BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {self.attention_backend!r}")

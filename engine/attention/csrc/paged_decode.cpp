@@ -103,12 +103,12 @@ static void run(const torch::Tensor& query, const torch::Tensor& key_cache, cons
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   T* o = out.data_ptr<T>();
   const int64_t max_len = max_blocks * block_size;
+  auto one = dim == 64 ? decode_one<T, 64> : dim == 128 ? decode_one<T, 128> : decode_one<T, 0>;
   at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(group * max_len), acc(group * dim), qf(group * dim);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t s = i / num_kv_heads, h = i % num_kv_heads;
       const int64_t offset = (s * num_heads + h * group) * dim;
-      auto one = dim == 64 ? decode_one<T, 64> : dim == 128 ? decode_one<T, 128> : decode_one<T, 0>;
       one(q + offset, kc, vc, tables + s * max_blocks, lens[s], h, group, dim, block_size, num_kv_heads,
           static_cast<float>(scale), o + offset, scores, acc, qf);
     }
