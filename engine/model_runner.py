@@ -14,6 +14,7 @@ import torch
 
 from engine.attention import select_backend
 from engine.config import EngineConfig
+from engine.layers.ops import layer_ops
 from engine.layers.rotary import RotaryEmbedding
 from engine.kv_cache import allocate_kv_caches, num_blocks_for
 from engine.model_input import ModelInput
@@ -34,7 +35,11 @@ def load_model(config: EngineConfig, show_progress: bool = True) -> torch.nn.Mod
     model.tie_weights()  # to_empty() gives each parameter its own storage
     _rebuild_rotary_tables(model, config)
     load_weights(model, config.model_dir, show_progress=show_progress)
-    logger.info("loaded %s from %s in %.1fs", config.model.architecture, config.model_dir, time.perf_counter() - start)
+    model.ops = layer_ops(config.device, config.dtype)
+    logger.info(
+        "loaded %s from %s in %.1fs (%s layer ops)",
+        config.model.architecture, config.model_dir, time.perf_counter() - start, model.ops.name,
+    )
     return model
 
 

@@ -34,7 +34,7 @@ def select_backend(name: str, device: str):
 
 def _cpu_backend(device: str):
     from engine.attention.cpu_backend import make_cpu_paged_attention
-    from engine.attention.cpu_kernels import load_cpu_kernels
+    from engine.native import load_cpu_kernels
 
     kernels = load_cpu_kernels() if device == "cpu" else None
     if kernels is None:

@@ -7,7 +7,7 @@ prefill chunks take the same SDPA path as the PyTorch backend.
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.torch_backend import attend_prefills, write_kv_cache
+from engine.attention.torch_backend import attend_prefills
 
 
 def make_cpu_paged_attention(kernels):
@@ -22,7 +22,7 @@ def make_cpu_paged_attention(kernels):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping, meta.all_slots_valid)
+        kernels.write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping)
         nd = meta.num_decodes
         if nd == meta.num_seqs:  # decode-only step: no output assembly needed
             return kernels.paged_decode_attention(query, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale)

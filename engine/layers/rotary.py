@@ -44,19 +44,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin of each position: [num_tokens, 1, head_dim], once per step.
+        """cos and sign-folded sin of each position: [num_tokens, head_dim], once per step.
 
         The first half of sin is negated so that rotate_half(x) * sin becomes
         roll(x) * signed_sin: one op instead of four, and the same bits.
         """
-        cos = self.cos_cached[positions].unsqueeze(1).to(dtype)
-        sin = self.sin_cached[positions].unsqueeze(1).to(dtype)
+        cos = self.cos_cached[positions].to(dtype)
+        sin = self.sin_cached[positions].to(dtype)
         half = sin.shape[-1] // 2
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         return cos, signed_sin
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    # x: [num_tokens, heads, head_dim]; cos, signed_sin: [num_tokens, 1, head_dim]
-    # rotate_half(x) = cat(-x2, x1) = roll(x, half) with the first half's sign in signed_sin.
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin

@@ -6,15 +6,28 @@ another, so a layer runs two large matmuls instead of five; the weight loader
 fills the fused matrices from the separate Hugging Face tensors.
 """
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.config import ModelConfig
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.layers.ops import TORCH_OPS, LayerOps
+from engine.layers.rotary import RotaryEmbedding
 
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every layer of one forward shares."""
+
+    cos: torch.Tensor  # [num_tokens, head_dim]
+    signed_sin: torch.Tensor  # [num_tokens, head_dim]
+    meta: AttentionMetadata
+    attn_fn: Callable
+    ops: LayerOps
 
 
 class Attention(nn.Module):
@@ -29,33 +42,36 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
 
-    def forward(self, rope, hidden, kv_cache, meta: AttentionMetadata, attn_fn):
-        # hidden: [num_tokens, hidden_size]; rope: (cos, sin) of the step's positions
-        qkv = self.qkv_proj(hidden).view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=1)
+    def forward(self, ctx: StepContext, hidden, kv_cache):
+        # hidden: [num_tokens, hidden_size]
+        ops, qk_heads = ctx.ops, self.num_heads + self.num_kv_heads
+        qkv = ops.linear(hidden, self.qkv_proj.weight, self.qkv_proj.bias)
+        qkv = qkv.view(-1, qk_heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
+            q, k = qkv[:, : self.num_heads], qkv[:, self.num_heads : qk_heads]
+            qkv = torch.cat((self.q_norm(q), self.k_norm(k), qkv[:, qk_heads:]), dim=1)
         # Q and K heads share the positions: rotate them in one pass.
-        qk = apply_rotary(qk, *rope)  # [num_tokens, heads + kv_heads, dim]
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        out = attn_fn(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.flatten(1))
+        qk = ops.rotary(qkv, qk_heads, ctx.cos, ctx.signed_sin)  # [num_tokens, heads + kv_heads, dim]
+        q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], qkv[:, qk_heads:]
+        out = ctx.attn_fn(q, k, v, kv_cache[0], kv_cache[1], ctx.meta, self.scale)
+        return ops.linear(out.flatten(1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.intermediate_size = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, ops: LayerOps, x):
+        gate_up = ops.linear(x, self.gate_up_proj.weight)  # [num_tokens, 2 * intermediate]
+        return ops.linear(ops.silu_and_mul(gate_up), self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):
+    """Carries the residual stream beside the hidden state, so each residual add
+    fuses with the norm that follows it (same sums as Hugging Face's layer)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -63,17 +79,26 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, rope, hidden, kv_cache, meta, attn_fn):
-        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), kv_cache, meta, attn_fn)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, ctx: StepContext, hidden, residual, kv_cache):
+        # residual: sum of everything before this layer; hidden: the last block's output not yet added
+        ops, norm, post_norm = ctx.ops, self.input_layernorm, self.post_attention_layernorm
+        x, residual = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
+        hidden = self.self_attn(ctx, x, kv_cache)
+        x, residual = ops.add_rms_norm(hidden, residual, post_norm.weight, post_norm.eps)
+        return self.mlp(ops, x), residual
 
 
 class DecoderForCausalLM(nn.Module):
-    """forward() returns hidden states; compute_logits() projects only the rows that sample."""
+    """forward() returns hidden states; compute_logits() projects only the rows that sample.
+
+    `ops` (the elementwise ops and linear) is chosen by the loader for the
+    device and dtype; the PyTorch ops are the default.
+    """
 
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
         self.config = cfg
+        self.ops = TORCH_OPS
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
@@ -88,11 +113,13 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, attn_fn) -> torch.Tensor:
         # input_ids, positions: [num_tokens]; kv_caches: one (key_cache, value_cache) per layer
-        hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
-        rope = self.rotary.lookup(positions, hidden.dtype)
+        residual = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        hidden = torch.zeros_like(residual)  # nothing to add before the first norm
+        ctx = StepContext(*self.rotary.lookup(positions, residual.dtype), meta, attn_fn, self.ops)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(rope, hidden, kv_cache, meta, attn_fn)
-        return self.norm(hidden)
+            hidden, residual = layer(ctx, hidden, residual, kv_cache)
+        hidden, _ = self.ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)  # [num_rows, vocab_size]
+        return self.ops.linear(hidden, self.lm_head.weight)  # [num_rows, vocab_size]

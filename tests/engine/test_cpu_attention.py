@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.attention.cpu_backend import make_cpu_paged_attention
-from engine.attention.cpu_kernels import load_cpu_kernels
+from engine.native import load_cpu_kernels
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import paged_attention as torch_paged_attention
 
@@ -78,3 +78,18 @@ def test_decode_only_step_and_bad_input():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError, match="multiple of num_kv_heads"):
         kernels.paged_decode_attention(torch.randn(2, 3, 64), kc, vc, meta.block_tables, meta.seq_lens, 0.1)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (6, 1, 80), (4, 4, 32)])
+def test_decode_kernel_long_contexts_and_run_time_shapes(num_heads, num_kv_heads, head_dim):
+    # Many blocks with sharp score peaks exercise the online softmax's rescaling;
+    # head_dim 80 and 32 take the kernel's run-time (not unrolled) path.
+    gen = torch.Generator().manual_seed(num_heads * head_dim)
+    seq_lens = [1, 17, 300, 129]
+    meta = _metadata([1] * 4, seq_lens, 16, 64, gen)
+    kc, vc = (torch.randn(64, 16, num_kv_heads, head_dim, generator=gen) for _ in range(2))
+    q = 4 * torch.randn(4, num_heads, head_dim, generator=gen)
+    k, v = torch.randn(4, num_kv_heads, head_dim), torch.randn(4, num_kv_heads, head_dim)
+    expected = torch_paged_attention(q, k, v, kc.clone(), vc.clone(), meta, head_dim**-0.5)
+    got = make_cpu_paged_attention(kernels)(q, k, v, kc, vc, meta, head_dim**-0.5)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,86 @@
+"""The decoder layer's elementwise ops and its linear layer, PyTorch or native.
+
+`layer_ops(device, dtype)` picks the implementation once at model load: the
+native CPU kernels (engine/native) when they are built and the dtype is float32
+or bfloat16, else plain PyTorch, which is also the reference the native ops are
+tested against. Both follow the arithmetic of the Hugging Face modules.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.native import load_cpu_kernels
+
+Tensor = torch.Tensor
+
+
+def torch_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # x: [tokens, dim]; normalised in float32 and cast back, as LlamaRMSNorm does
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)  # one fused op, same bits as below
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def torch_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(rms_norm(residual + x), residual + x)."""
+    residual = residual + x
+    return torch_rms_norm(residual, weight, eps), residual
+
+
+def torch_rotary(x: Tensor, num_heads: int, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotate the first `num_heads` heads of x: [tokens, heads, head_dim]; cos, signed_sin: [tokens, head_dim].
+
+    rotate_half(x) = cat(-x2, x1) = roll(x, half) with the first half's sign folded into signed_sin.
+    Returns the rotated heads [tokens, num_heads, head_dim].
+    """
+    x = x[:, :num_heads]
+    cos, signed_sin = cos[:, None], signed_sin[:, None]
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def torch_silu_and_mul(gate_up: Tensor) -> Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)  # [tokens, intermediate] each
+    return F.silu(gate) * up
+
+
+def cpu_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear, with a single row as a matrix-vector product (GEMV beats 1-row GEMM on CPU)."""
+    if x.shape[0] != 1:
+        return F.linear(x, weight, bias)
+    out = torch.mv(weight, x[0])[None]
+    return out if bias is None else out + bias
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    rms_norm: Callable[[Tensor, Tensor, float], Tensor]
+    add_rms_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
+    rotary: Callable[[Tensor, int, Tensor, Tensor], Tensor]
+    silu_and_mul: Callable[[Tensor], Tensor]
+    linear: Callable[..., Tensor]
+    name: str
+
+
+TORCH_OPS = LayerOps(torch_rms_norm, torch_add_rms_norm, torch_rotary, torch_silu_and_mul, F.linear, "torch")
+
+
+def native_ops(kernels) -> LayerOps:
+    def add_rms_norm(x, residual, weight, eps):
+        return kernels.add_rms_norm(x, residual, weight, eps), residual  # residual updated in place
+
+    def rotary(x, num_heads, cos, signed_sin):
+        return kernels.rotary_(x, num_heads, cos, signed_sin)[:, :num_heads]
+
+    return LayerOps(kernels.rms_norm, add_rms_norm, rotary, kernels.silu_and_mul, cpu_linear, "native")
+
+
+def layer_ops(device: str, dtype: torch.dtype) -> LayerOps:
+    if device != "cpu":
+        return TORCH_OPS
+    kernels = load_cpu_kernels() if dtype in (torch.float32, torch.bfloat16) else None
+    return TORCH_OPS if kernels is None else native_ops(kernels)

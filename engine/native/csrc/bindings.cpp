@@ -1,0 +1,20 @@
+// The Python module of the native CPU kernels: one entry per op in the other files.
+#include <torch/extension.h>
+
+torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
+                                     torch::Tensor block_table, torch::Tensor seq_lens, double scale);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, torch::Tensor signed_sin);
+torch::Tensor silu_and_mul(torch::Tensor gate_up);
+void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
+                    torch::Tensor slot_mapping);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention, one query per sequence");
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row");
+  m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then RMSNorm of residual");
+  m.def("rotary_", &rotary_, "rotary embedding of the first num_heads heads, in place");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up");
+  m.def("write_kv_cache", &write_kv_cache, "scatter K/V rows into the paged cache (slot -1 skipped)");
+}

@@ -1,0 +1,52 @@
+"""Native CPU kernels, compiled once per machine with torch's C++ extension builder.
+
+Two kinds of kernels live in `csrc/`: paged decode attention, which reads K/V
+in place through the block table instead of gathering a padded copy, and the
+layer's elementwise ops (RMSNorm with its residual add, rotary embedding,
+SiLU-and-multiply, the KV cache write), each one pass where PyTorch needs
+several ops. Compilation takes ~1 min the first time and is cached
+(TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). If it cannot be
+built (no compiler, TANDEM_CPU_KERNELS=0), the engine falls back to the
+PyTorch path and says so once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger("tandem.engine")
+
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_decode.cpp", "layer_ops.cpp")]
+_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]
+
+
+def native_kernels_enabled() -> bool:
+    return os.environ.get("TANDEM_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@functools.cache
+def load_cpu_kernels():
+    """The compiled extension module, or None when it is disabled or cannot be built."""
+    if not native_kernels_enabled():
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        logger.info("loading native CPU kernels (compiled on first use, ~1 min; cached afterwards)")
+        return load(_module_name(), [str(s) for s in _SOURCES], extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"])
+    except Exception as err:  # a missing compiler or ninja shows up as many exception types
+        logger.warning("native CPU kernels unavailable (%s); using the PyTorch path", err)
+        return None
+
+
+def _module_name() -> str:
+    # Named by a hash of the sources and flags: two checkouts (or versions) never
+    # overwrite each other's build in the shared extensions cache.
+    digest = hashlib.blake2b(" ".join(_FLAGS).encode(), digest_size=6)
+    for source in _SOURCES:
+        digest.update(source.read_bytes())
+    return f"tandem_cpu_kernels_{digest.hexdigest()}"
