@@ -1,0 +1,16 @@
+"""Triton kernels for the paged KV cache, each beside its PyTorch reference.
+
+One file per kernel; each file has the Triton entry point and a `*_ref`
+function of the same signature built on `engine.attention.torch_backend`.
+Tests run the kernels on CPU under `TRITON_INTERPRET=1` (set before triton is
+imported) and compare them with the references.
+
+Importing this package does not import triton; the kernel modules do.
+"""
+
+# What the attention kernels can be specialised for. head_dim is a tl.arange
+# extent (a power of two) and a tl.dot dimension (at least 16). The block
+# size only sets how K/V positions map to cache slots (kernels address keys
+# token by token), but only these sizes are tested and tuned.
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
