@@ -14,3 +14,14 @@ Importing this package does not import triton; the kernel modules do.
 # token by token), but only these sizes are tested and tuned.
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
+
+
+def dot_precision(dtype) -> str:
+    """tl.dot input precision: exact ("ieee") for float32 caches, else triton's default.
+
+    Triton's default for float32 is TF32, which would make float32 models drift
+    from the PyTorch path; 16-bit inputs are exact either way.
+    """
+    import torch
+
+    return "ieee" if dtype == torch.float32 else "tf32"

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import dot_precision
 from engine.kernels.prefill_attention import paged_prefill_attention_ref
 
 _LOG2E = 1.4426950408889634
@@ -43,6 +44,7 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
@@ -71,14 +73,14 @@ def _decode_kernel(
         slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
         kv_offs = slot[:, None] * row_width + kv_head * HEAD_DIM + dims[None, :]  # [TILE_N, HEAD_DIM]
         k = tl.load(k_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [GROUP_PAD, TILE_N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_PAD, TILE_N]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m - m_new)
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
 
     out_mask = row_mask[:, None]
@@ -162,6 +164,7 @@ def paged_decode_attention(
         GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs 16 rows
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
+        DOT_PRECISION=dot_precision(key_cache.dtype),
         TILE_N=tile_n,
         SPLIT=split,
     )

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import attend_prefills
+from engine.kernels import dot_precision
 
 _LOG2E = 1.4426950408889634
 
@@ -42,6 +43,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     q_tile = tl.program_id(1)
@@ -76,7 +78,7 @@ def _prefill_kernel(
         slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
         kv_offs = slot[:, None] * row_width + kv_head * HEAD_DIM + dims[None, :]  # [TILE_N, HEAD_DIM]
         k = tl.load(k_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [BLOCK_M, TILE_N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
         # Key 0 is visible to every row, so each row's max is finite after the first tile.
         s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -84,7 +86,7 @@ def _prefill_kernel(
         alpha = tl.exp2(m - m_new)
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
 
     out = acc / tl.where(row_mask, l, 1.0)[:, None]
@@ -128,6 +130,7 @@ def paged_prefill_attention(
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
+        DOT_PRECISION=dot_precision(key_cache.dtype),
         TILE_N=64 if head_dim <= 128 else 32,
     )
     return out
