@@ -175,8 +175,6 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     torch.manual_seed(0)
     note = "" if device.type == "cuda" else "CPU: references only (the Triton kernels need a GPU)."
-    if note:
-        print(note)
     peak, peak_source = device_peak(device)
     rows = []
     for make in (case_cache_write, case_decode, case_prefill):
@@ -191,7 +189,7 @@ def main(argv=None) -> None:
     if args.markdown:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
         with open(args.markdown, "a") as f:
-            f.write(f"\n## Kernels (`scripts/bench_kernels.py`), {stamp}, {device.type}\n\n")
+            f.write(f"\n### Kernels on {device.type}, {stamp}\n\n")
             f.write("\n".join(header) + "\n\n" + result + "\n")
 
 
