@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels import dot_precision
+from engine.kernels.paged_tile import attend_kv_tile
 from engine.kernels.prefill_attention import paged_prefill_attention_ref
 
 _LOG2E = 1.4426950408889634
@@ -65,23 +66,13 @@ def _decode_kernel(
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max (base-2 logits)
     l = tl.zeros([GROUP_PAD], tl.float32)  # running sum of exp2(logit - m)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    row_width = NUM_KV_HEADS * HEAD_DIM  # elements per cache slot
+    q_pos = tl.zeros([GROUP_PAD], tl.int32) + seq_len - 1  # the query is the context's last token
+    table_ptr = block_tables_ptr + seq * table_stride
     for tile_start in range(start, end, TILE_N):
-        pos = tile_start + tl.arange(0, TILE_N)  # [TILE_N] token positions
-        valid = pos < end
-        block = tl.load(block_tables_ptr + seq * table_stride + pos // BLOCK_SIZE, mask=valid, other=0)
-        slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_offs = slot[:, None] * row_width + kv_head * HEAD_DIM + dims[None, :]  # [TILE_N, HEAD_DIM]
-        k = tl.load(k_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_PAD, TILE_N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m = m_new
+        m, l, acc = attend_kv_tile(
+            q, q_pos, m, l, acc, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, tile_start, end, qk_scale,
+            NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, TILE_N, DOT_PRECISION,
+        )  # fmt: skip
 
     out_mask = row_mask[:, None]
     if SPLIT:

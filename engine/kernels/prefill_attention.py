@@ -20,6 +20,7 @@ import triton.language as tl
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import attend_prefills
 from engine.kernels import dot_precision
+from engine.kernels.paged_tile import attend_kv_tile
 
 _LOG2E = 1.4426950408889634
 
@@ -70,24 +71,13 @@ def _prefill_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    row_width = NUM_KV_HEADS * HEAD_DIM
+    table_ptr = block_tables_ptr + seq * table_stride
     for tile_start in range(0, kv_end, TILE_N):
-        pos = tile_start + tl.arange(0, TILE_N)  # [TILE_N]
-        valid = pos < kv_end
-        block = tl.load(block_tables_ptr + seq * table_stride + pos // BLOCK_SIZE, mask=valid, other=0)
-        slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_offs = slot[:, None] * row_width + kv_head * HEAD_DIM + dims[None, :]  # [TILE_N, HEAD_DIM]
-        k = tl.load(k_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
         # Key 0 is visible to every row, so each row's max is finite after the first tile.
-        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m = m_new
+        m, l, acc = attend_kv_tile(
+            q, q_pos, m, l, acc, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, tile_start, kv_end, qk_scale,
+            NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, TILE_N, DOT_PRECISION,
+        )  # fmt: skip
 
     out = acc / tl.where(row_mask, l, 1.0)[:, None]
     out_ptrs = out_ptr + (tokens[:, None] * NUM_HEADS + head) * HEAD_DIM + dims[None, :]
