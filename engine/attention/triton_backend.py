@@ -64,21 +64,21 @@ def make_triton_paged_attention():
                 meta.block_tables[:nd],
                 meta.seq_lens[:nd],
                 scale,
-                max_seq_len=max(meta.seq_lens_host[:nd]),
+                max_seq_len=meta.max_decode_seq_len,
                 out=out[:nd],
             )
         if nd < meta.num_seqs:
-            starts = meta.query_start_loc_host
+            # Whole query and output: the chunks' query_start_loc entries index their rows.
             paged_prefill_attention(
-                query[nd:],
+                query,
                 key_cache,
                 value_cache,
                 meta.block_tables[nd:],
-                meta.query_start_loc[nd:] - nd,
+                meta.query_start_loc[nd:],
                 meta.seq_lens[nd:],
-                max(starts[i + 1] - starts[i] for i in range(nd, meta.num_seqs)),
+                meta.max_prefill_query_len,
                 scale,
-                out=out[nd:],
+                out=out,
             )
         return out
 

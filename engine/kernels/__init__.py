@@ -25,3 +25,14 @@ def dot_precision(dtype) -> str:
     import torch
 
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def check_layout(rows: tuple, caches: tuple, out=None) -> None:
+    """The memory layout the kernels index by hand: rows with a contiguous last dim
+    (strided views are fine), contiguous caches and output."""
+    if any(t.stride(-1) != 1 for t in rows):
+        raise ValueError("the kernels need query/key/value rows with a contiguous head_dim")
+    if not all(c.is_contiguous() for c in caches):
+        raise ValueError("the kernels need a contiguous KV cache")
+    if out is not None and not out.is_contiguous():
+        raise ValueError("the kernels need a contiguous output tensor")

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from engine.attention.torch_backend import write_kv_cache
+from engine.kernels import check_layout
 
 
 @triton.jit
@@ -53,7 +54,7 @@ def reshape_and_cache(
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
-    _check_rows_contiguous(key, value, key_cache, value_cache)
+    check_layout((key, value), (key_cache, value_cache))
     _cache_write_kernel[(num_tokens,)](
         key,
         value,
@@ -73,9 +74,3 @@ def reshape_and_cache(
 def reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping) -> None:
     write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
 
-
-def _check_rows_contiguous(key, value, key_cache, value_cache) -> None:
-    if key.stride(-1) != 1 or value.stride(-1) != 1:
-        raise ValueError("key and value need a contiguous head_dim")
-    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
-        raise ValueError("the KV cache must be contiguous")

@@ -13,11 +13,13 @@ partial output and log-sum-exp, and a second kernel merges the splits.
     split 2: keys [2n, ..) ─┘
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import dot_precision
+from engine.kernels import check_layout, dot_precision
 from engine.kernels.paged_tile import attend_kv_tile
 from engine.kernels.prefill_attention import paged_prefill_attention_ref
 
@@ -116,7 +118,7 @@ def paged_decode_attention(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks]
     seq_lens: torch.Tensor,  # [num_seqs] int32, tokens in context including this one
     scale: float,
-    max_seq_len: int | None = None,  # host bound on seq_lens; sizes the splits without a device sync
+    max_seq_len: int | None = None,  # host upper bound on seq_lens (keys past it are never read)
     num_splits: int | None = None,  # None: enough splits to fill the device
     out: torch.Tensor | None = None,  # [num_seqs, num_heads, head_dim], contiguous
 ) -> torch.Tensor:
@@ -124,6 +126,7 @@ def paged_decode_attention(
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
+    check_layout((query,), (key_cache, value_cache), out)
     if num_seqs == 0:
         return out
     max_seq_len = max_seq_len or block_tables.shape[1] * block_size
@@ -180,9 +183,14 @@ def choose_num_splits(num_programs: int, max_seq_len: int, device: torch.device)
     """Splits (a power of two) so that about two programs run per SM, none shorter than 256 keys."""
     if device.type != "cuda":
         return 1
-    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     wanted = min(triton.cdiv(target, num_programs), triton.cdiv(max_seq_len, _MIN_TOKENS_PER_SPLIT))
     return triton.next_power_of_2(max(1, wanted))
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _tile_n(head_dim: int) -> int:

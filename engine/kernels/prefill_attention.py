@@ -19,7 +19,7 @@ import triton.language as tl
 
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import attend_prefills
-from engine.kernels import dot_precision
+from engine.kernels import check_layout, dot_precision
 from engine.kernels.paged_tile import attend_kv_tile
 
 _LOG2E = 1.4426950408889634
@@ -89,16 +89,18 @@ def paged_prefill_attention(
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], contiguous
     value_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [num_seqs, max_blocks]
-    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32, starting at 0
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32: chunk i owns query rows [loc[i], loc[i+1])
     seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the chunk
     max_query_len: int,  # host copy of the longest chunk: sizes the grid without a device sync
     scale: float,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim], contiguous
     block_m: int = 64,
 ) -> torch.Tensor:
+    """Attention output of the chunks' rows; rows of `query` outside every chunk are not written."""
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
+    check_layout((query,), (key_cache, value_cache), out)
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or num_tokens == 0:
         return out

@@ -30,3 +30,12 @@ def test_decode_writes_into_a_given_output_slice():
     paged_decode_attention(*args, out=out[1:])
     torch.testing.assert_close(out[1:], paged_decode_attention_ref(*args), atol=2e-5, rtol=1e-4)
     assert torch.equal(out[0], torch.zeros(4, 64))
+
+
+def test_a_layout_the_kernel_cannot_index_is_refused():
+    batch = paged_batch([20, 9], [1, 1], 16, 1, 4, 64)
+    args = (batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens, 0.125)
+    with pytest.raises(ValueError, match="contiguous output"):
+        paged_decode_attention(*args, out=torch.zeros(4, 2, 64).transpose(0, 1))
+    with pytest.raises(ValueError, match="contiguous head_dim"):
+        paged_decode_attention(batch.query.transpose(1, 2).contiguous().transpose(1, 2), *args[1:])
