@@ -7,7 +7,8 @@ block size 16):
 
   cache_write  8192 new tokens scattered into the paged cache
   decode       batch 64 x 2048-token contexts, one query each (target on H100:
-               >= 70% of HBM bandwidth)
+               >= 70% of HBM bandwidth); and batch 4 x 16384 (split along the
+               context, flash-decoding)
   prefill      8 chunks of 512 new tokens, each after 1536 cached tokens
                (also reports TFLOP/s: prefill is compute-bound)
 
@@ -68,7 +69,13 @@ def case_decode(dtype, device, batch: int = 64, ctx: int = 2048):
     args = (query, k_cache, v_cache, tables, seq_lens, HEAD_DIM**-0.5)
     moved = 2 * k_cache.numel() * k_cache.element_size() + 2 * query.numel() * query.element_size()
     flops = 4 * batch * NUM_HEADS * ctx * HEAD_DIM
-    return "decode", args, {"max_seq_len": ctx}, moved, flops, decode_attention, "paged_decode_attention"
+    name = f"decode {batch}x{ctx}"
+    return name, args, {"max_seq_len": ctx}, moved, flops, decode_attention, "paged_decode_attention"
+
+
+def case_long_decode(dtype, device):
+    # Few sequences: the kernel must split along the context to fill the GPU.
+    return case_decode(dtype, device, batch=4, ctx=16384)
 
 
 def case_prefill(dtype, device, chunks: int = 8, new: int = 512, cached: int = 1536):
@@ -177,7 +184,7 @@ def main(argv=None) -> None:
     note = "" if device.type == "cuda" else "CPU: references only (the Triton kernels need a GPU)."
     peak, peak_source = device_peak(device)
     rows = []
-    for make in (case_cache_write, case_decode, case_prefill):
+    for make in (case_cache_write, case_decode, case_long_decode, case_prefill):
         rows += run_case(make(dtype, device), device, args.reps)
     result = table(rows, peak)
     header = [
