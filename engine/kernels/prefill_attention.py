@@ -9,8 +9,14 @@ prefix-cache hits in full, its own new tokens causally.
     keys:    [ cached prefix ......... | new tokens ]
     query j:  all of the prefix         ≤ its own position
 
-One program handles BLOCK_M queries of one chunk for one head, with an online
-softmax over TILE_N keys at a time: no attention matrix is materialised.
+One program handles a tile of TOKENS queries of one chunk for one KV head,
+with all the query heads that share it (GQA) as rows, so each K/V tile is
+read once per group:
+
+    row r = (token r // GROUP_PAD, query head kv_head * GROUP + r % GROUP_PAD)
+
+and an online softmax over TILE_N keys at a time: no attention matrix is
+materialised.
 """
 
 import torch
@@ -38,35 +44,34 @@ def _prefill_kernel(
     q_token_stride,
     q_head_stride,
     table_stride,
-    NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    TOKENS: tl.constexpr,
     TILE_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    BLOCK_M: tl.constexpr = TOKENS * GROUP_PAD
     seq = tl.program_id(0).to(tl.int64)
     q_tile = tl.program_id(1)
-    head = tl.program_id(2)
-    kv_head = head // (NUM_HEADS // NUM_KV_HEADS)
+    kv_head = tl.program_id(2)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
     prefix = seq_len - q_len
 
-    rows = q_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the chunk
-    row_mask = rows < q_len
-    q_pos = prefix + rows  # [BLOCK_M] position of each query in its sequence
+    rows = tl.arange(0, BLOCK_M)
+    token = q_tile * TOKENS + rows // GROUP_PAD  # [BLOCK_M] query index within the chunk
+    head = kv_head * GROUP + rows % GROUP_PAD  # [BLOCK_M] query head
+    row_mask = (token < q_len) & (rows % GROUP_PAD < GROUP)
+    q_pos = prefix + token  # [BLOCK_M] position of each query in its sequence
     dims = tl.arange(0, HEAD_DIM)
-    tokens = (q_start + rows).to(tl.int64)
-    q = tl.load(
-        q_ptr + tokens[:, None] * q_token_stride + head * q_head_stride + dims[None, :],
-        mask=row_mask[:, None],
-        other=0.0,
-    )  # [BLOCK_M, HEAD_DIM]
+    row_offs = (q_start + token).to(tl.int64) * q_token_stride + head * q_head_stride  # [BLOCK_M]
+    q = tl.load(q_ptr + row_offs[:, None] + dims[None, :], mask=row_mask[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
     # Keys past this tile's last query are never seen; a tile past the chunk reads none.
-    kv_end = tl.where(q_tile * BLOCK_M < q_len, tl.minimum(prefix + (q_tile + 1) * BLOCK_M, seq_len), 0)
+    kv_end = tl.where(q_tile * TOKENS < q_len, tl.minimum(prefix + (q_tile + 1) * TOKENS, seq_len), 0)
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
@@ -80,7 +85,8 @@ def _prefill_kernel(
         )  # fmt: skip
 
     out = acc / tl.where(row_mask, l, 1.0)[:, None]
-    out_ptrs = out_ptr + (tokens[:, None] * NUM_HEADS + head) * HEAD_DIM + dims[None, :]
+    out_rows = (q_start + token).to(tl.int64) * (NUM_KV_HEADS * GROUP) + head  # [BLOCK_M]
+    out_ptrs = out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :]
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 
@@ -94,7 +100,7 @@ def paged_prefill_attention(
     max_query_len: int,  # host copy of the longest chunk: sizes the grid without a device sync
     scale: float,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim], contiguous
-    block_m: int = 64,
+    block_m: int = 64,  # query rows (tokens x query heads of a group) per program
 ) -> torch.Tensor:
     """Attention output of the chunks' rows; rows of `query` outside every chunk are not written."""
     num_tokens, num_heads, head_dim = query.shape
@@ -104,8 +110,10 @@ def paged_prefill_attention(
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or num_tokens == 0:
         return out
-    block_m = min(block_m, max(16, triton.next_power_of_2(max_query_len)))
-    _prefill_kernel[(num_seqs, triton.cdiv(max_query_len, block_m), num_heads)](
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    tokens = _tokens_per_program(block_m, group_pad, max_query_len)
+    _prefill_kernel[(num_seqs, triton.cdiv(max_query_len, tokens), num_kv_heads)](
         query,
         key_cache,
         value_cache,
@@ -117,15 +125,22 @@ def paged_prefill_attention(
         query.stride(0),
         query.stride(1),
         block_tables.stride(0),
-        NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        BLOCK_M=block_m,
+        TOKENS=tokens,
         DOT_PRECISION=dot_precision(key_cache.dtype),
         TILE_N=64 if head_dim <= 128 else 32,
     )
     return out
+
+
+def _tokens_per_program(block_m: int, group_pad: int, max_query_len: int) -> int:
+    # block_m rows in all, no more tokens than the longest chunk has, and at least 16 rows for tl.dot.
+    tokens = min(max(1, block_m // group_pad), triton.next_power_of_2(max_query_len))
+    return max(tokens, 16 // group_pad)
 
 
 def paged_prefill_attention_ref(

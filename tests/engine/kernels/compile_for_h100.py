@@ -37,7 +37,7 @@ def kernels(dtype: str):
         out = {"out_ptr": "*fp32"} if split else {}
         yield f"decode split={split}", decode_attention._decode_kernel, dict(tiles, SPLIT=split), out
     yield "reduce_splits", decode_attention._reduce_splits_kernel, dict(SPLITS_PAD=4), {}
-    yield "prefill", prefill_attention._prefill_kernel, dict(tiles, BLOCK_M=64), {}
+    yield "prefill", prefill_attention._prefill_kernel, dict(tiles, TOKENS=16, GROUP_PAD=4), {}
 
 
 def compile_one(fn, dtype: str, constants: dict, types: dict, options: dict | None = None):

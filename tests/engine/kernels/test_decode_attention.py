@@ -12,6 +12,7 @@ CASES = [
     (32, 128, 1, 4, [33, 64, 5], 1),
     (16, 128, 1, 8, [100, 17], 4),  # MQA, split
     (32, 64, 2, 4, [64, 200, 3], 4),  # the short sequences leave splits empty
+    (16, 64, 2, 3, [18, 7], 2),  # a group that is not a power of two
 ]
 
 
