@@ -88,7 +88,8 @@ def _decode_kernel(
     else:
         out_rows = seq * NUM_KV_HEADS * GROUP + heads
         out = acc / l[:, None]
-        tl.store(out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
+        out_ptrs = out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit

@@ -48,7 +48,8 @@ def compile_one(fn, dtype: str, constants: dict, types: dict, options: dict | No
         signature[name] = "constexpr" if name in constexprs else types.get(name, FIXED_TYPES.get(name, default))
     # As at a real launch with aligned tensors: triton marks pointers and ints that
     # are multiples of 16, which is what lets it vectorise and pipeline the loads.
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if _multiple_of_16(name, signature)}
+    names = enumerate(fn.arg_names)
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in names if _multiple_of_16(name, signature)}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
     return triton.compile(source, target=H100, options=options)
 

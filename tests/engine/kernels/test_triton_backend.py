@@ -49,9 +49,10 @@ def _greedy(model_dir: str, backend: str) -> list[list[int]]:
     llm = LLM(model_dir, num_kv_blocks=32, max_num_batched_tokens=8, attention_backend=backend)
     prompts = [[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28], [3, 14, 15, 92, 65, 2]]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    requests = [{"prompt_token_ids": p} for p in prompts]
     outs = []
     for _ in range(2):
-        outs += [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+        outs += [o.outputs[0].token_ids for o in llm.generate(requests, params, use_tqdm=False)]
     return outs
 
 
