@@ -44,10 +44,11 @@ def test_mixed_batch_matches_torch_backend():
 
 
 def _greedy(model_dir: str, backend: str) -> list[list[int]]:
-    # Chunked prefill (8 tokens a step) mixes decodes and chunks; the repeated
-    # prefix gives prefix-cache hits on the second pass.
+    # 8 tokens a step: the short prompt decodes while the long one is prefilled
+    # in chunks (mixed steps, extends over cached chunks); on the second pass the
+    # long prompt hits its first 16 tokens in the prefix cache.
     llm = LLM(model_dir, num_kv_blocks=32, max_num_batched_tokens=8, attention_backend=backend)
-    prompts = [[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28], [3, 14, 15, 92, 65, 2]]
+    prompts = [[3, 14, 15, 92, 65, 2], [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28]]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     requests = [{"prompt_token_ids": p} for p in prompts]
     outs = []
