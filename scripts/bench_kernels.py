@@ -36,6 +36,8 @@ from bench_engine import measure_copy_bandwidth
 # Spec-sheet HBM bandwidth, bytes/s, by a substring of torch's device name.
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100-SXM4-80GB": 2.04e12, "A100": 1.56e12}
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+# Cache writes are copies: exact. Attention in bfloat16 differs by rounding (outputs are O(0.1)).
+MAX_DIFFERENCE = {"cache_write": 0.0, "decode": 2e-2, "prefill": 2e-2}
 
 
 def paged_cache(num_seqs: int, ctx: int, dtype, device):
@@ -114,7 +116,11 @@ def run_case(case, device, reps: int) -> list[dict]:
     if device.type == "cuda":
         impls.insert(0, ("triton", getattr(module, entry)))
     if device.type == "cuda":
-        print(f"{name}: triton vs reference, max abs difference {max_difference(module, entry, args, kwargs):.2e}")
+        # A fast wrong kernel is no result: check before timing.
+        diff = max_difference(module, entry, args, kwargs)
+        print(f"{name}: triton vs reference, max abs difference {diff:.2e}")
+        if diff > MAX_DIFFERENCE[name.split()[0]]:
+            raise SystemExit(f"{name}: the Triton kernel disagrees with its reference ({diff:.2e}); not timing it")
     rows = []
     for impl, fn in impls:
         seconds = time_call(lambda: fn(*args, **kwargs), device, reps)
@@ -137,10 +143,20 @@ def device_peak(device) -> tuple[float, str]:
         name = torch.cuda.get_device_name(device)
         for key, peak in PEAK_BANDWIDTH.items():
             if key in name:
-                return peak, f"{name} spec-sheet HBM bandwidth"
+                copy = _cuda_copy_bandwidth()
+                return peak, f"{name} spec-sheet HBM bandwidth; a device copy reaches {copy / 1e9:.0f} GB/s"
         return float("nan"), f"{name}: peak unknown"
     copy = measure_copy_bandwidth()
     return copy["best_bytes_s"], f"CPU copy bandwidth (best of {copy['reps']} x {copy['mib']} MiB)"
+
+
+def _cuda_copy_bandwidth() -> float:
+    import triton.testing
+
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e3
+    return 2 * src.numel() / seconds
 
 
 def table(rows: list[dict], peak: float) -> str:
