@@ -115,7 +115,6 @@ def run_case(case, device, reps: int) -> list[dict]:
     impls = [("reference", getattr(module, entry + "_ref"))]
     if device.type == "cuda":
         impls.insert(0, ("triton", getattr(module, entry)))
-    if device.type == "cuda":
         # A fast wrong kernel is no result: check before timing.
         diff = max_difference(module, entry, args, kwargs)
         print(f"{name}: triton vs reference, max abs difference {diff:.2e}")
