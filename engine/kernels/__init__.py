@@ -27,6 +27,11 @@ def dot_precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def keys_per_tile(head_dim: int) -> int:
+    """Keys per loop iteration (TILE_N): the pipelined K and V tiles fit in shared memory."""
+    return 64 if head_dim <= 128 else 32
+
+
 def check_layout(rows: tuple, caches: tuple, out=None) -> None:
     """The memory layout the kernels index by hand: rows with a contiguous last dim
     (strided views are fine), contiguous caches and output."""

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import check_layout, dot_precision
+from engine.kernels import check_layout, dot_precision, keys_per_tile
 from engine.kernels.paged_tile import attend_kv_tile
 from engine.kernels.prefill_attention import paged_prefill_attention_ref
 
@@ -133,7 +133,7 @@ def paged_decode_attention(
     max_seq_len = max_seq_len or block_tables.shape[1] * block_size
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs * num_kv_heads, max_seq_len, query.device)
-    tile_n = _tile_n(head_dim)
+    tile_n = keys_per_tile(head_dim)
     tokens_per_split = triton.cdiv(triton.cdiv(max_seq_len, num_splits), tile_n) * tile_n
     split = num_splits > 1
     if split:
@@ -192,8 +192,3 @@ def choose_num_splits(num_programs: int, max_seq_len: int, device: torch.device)
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _tile_n(head_dim: int) -> int:
-    # Keys per loop iteration: K and V tiles of TILE_N x head_dim stay in registers.
-    return 64 if head_dim <= 128 else 32

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import attend_prefills
-from engine.kernels import check_layout, dot_precision
+from engine.kernels import check_layout, dot_precision, keys_per_tile
 from engine.kernels.paged_tile import attend_kv_tile
 
 _LOG2E = 1.4426950408889634
@@ -132,7 +132,7 @@ def paged_prefill_attention(
         BLOCK_SIZE=block_size,
         TOKENS=tokens,
         DOT_PRECISION=dot_precision(key_cache.dtype),
-        TILE_N=64 if head_dim <= 128 else 32,
+        TILE_N=keys_per_tile(head_dim),
     )
     return out
 
