@@ -11,7 +11,7 @@ Importing this package does not import triton; the kernel modules do.
 # What the attention kernels can be specialised for. head_dim is a tl.arange
 # extent (a power of two) and a tl.dot dimension (at least 16). The block
 # size only sets how K/V positions map to cache slots (kernels address keys
-# token by token), but only these sizes are tested and tuned.
+# token by token); these are the sizes the tests cover.
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
 

@@ -13,6 +13,8 @@ CASES = [
     (16, 128, 1, 8, [100, 17], 4),  # MQA, split
     (32, 64, 2, 4, [64, 200, 3], 4),  # the short sequences leave splits empty
     (16, 64, 2, 3, [18, 7], 2),  # a group that is not a power of two
+    (64, 64, 1, 4, [70, 130], 2),
+    (128, 64, 1, 4, [129], 1),
 ]
 
 
