@@ -208,7 +208,10 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self):
-        from engine.attention import BACKENDS
+        from engine.attention import BACKENDS, resolve_backend
+        from engine.attention.triton_backend import check_triton_config
 
         if self.attention_backend not in BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {self.attention_backend!r}")
+        if resolve_backend(self.attention_backend, self.device) == "triton":
+            check_triton_config(self.model.head_dim, self.cache.block_size, self.dtype, self.device)

@@ -4,7 +4,7 @@
 - "torch": plain PyTorch (SDPA over gathered K/V), the reference for every kernel;
 - "cpu": the PyTorch path with decode attention in a native C++ kernel that reads
   the paged cache in place (compiled once per machine);
-- "triton": GPU kernels, added beside their PyTorch references;
+- "triton": the engine.kernels Triton kernels (GPU; on CPU only under TRITON_INTERPRET=1);
 - "auto": Triton on CUDA; on CPU "cpu" when its kernel builds, else "torch".
 Every backend has the signature of `torch_backend.paged_attention`.
 """
@@ -19,14 +19,22 @@ logger = logging.getLogger("tandem.engine")
 BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
-def select_backend(name: str, device: str):
-    """Return the attention function for a backend name."""
+def resolve_backend(name: str, device: str) -> str:
+    """The backend that `name` means on `device` ("auto" resolved)."""
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; use one of {', '.join(BACKENDS)}")
     if name == "auto":
-        name = "triton" if device.startswith("cuda") else "cpu"
+        return "triton" if device.startswith("cuda") else "cpu"
+    return name
+
+
+def select_backend(name: str, device: str):
+    """Return the attention function for a backend name."""
+    name = resolve_backend(name, device)
     if name == "triton":
-        raise ValueError("attention_backend='triton' is not available yet; use 'torch', 'cpu' or 'auto'")
+        from engine.attention.triton_backend import make_triton_paged_attention
+
+        return make_triton_paged_attention()
     if name == "cpu":
         return _cpu_backend(device)
     return torch_paged_attention
@@ -43,4 +51,4 @@ def _cpu_backend(device: str):
     return make_cpu_paged_attention(kernels)
 
 
-__all__ = ["AttentionMetadata", "BACKENDS", "select_backend"]
+__all__ = ["AttentionMetadata", "BACKENDS", "resolve_backend", "select_backend"]

@@ -38,6 +38,15 @@ class AttentionMetadata:
         return max(self.seq_lens_host, default=0)
 
     @cached_property
+    def max_decode_seq_len(self) -> int:
+        return max(self.seq_lens_host[: self.num_decodes], default=0)
+
+    @cached_property
+    def max_prefill_query_len(self) -> int:
+        starts = self.query_start_loc_host
+        return max((starts[i + 1] - starts[i] for i in range(self.num_decodes, self.num_seqs)), default=0)
+
+    @cached_property
     def decode_groups(self) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
         """Decode sequences in groups padded to their own longest member.
 
