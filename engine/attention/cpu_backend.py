@@ -31,7 +31,7 @@ def make_cpu_paged_attention(kernels):
             out[:nd] = kernels.paged_decode_attention(
                 query[:nd], key_cache, value_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale
             )
-        attend_prefills(out, query, key_cache, value_cache, meta, scale)
+        attend_prefills(out, query, key_cache, value_cache, meta, scale, key, value)
         return out
 
     return paged_attention

@@ -60,15 +60,24 @@ def paged_attention(
     out = torch.empty_like(query)
     for first, end, tables, mask in meta.decode_groups:
         out[first:end] = _decode(query[first:end], key_cache, value_cache, tables, mask, scale)
-    attend_prefills(out, query, key_cache, value_cache, meta, scale)
+    attend_prefills(out, query, key_cache, value_cache, meta, scale, key, value)
     return out
 
 
-def attend_prefills(out, query, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> None:
-    """Fill `out` for every prefill chunk (the sequences after the decodes), one SDPA call each."""
+def attend_prefills(out, query, key_cache, value_cache, meta: AttentionMetadata, scale: float, key=None, value=None):
+    """Fill `out` for every prefill chunk (the sequences after the decodes), one SDPA call each.
+
+    With the step's new `key`/`value` given and every slot written this step, a
+    chunk with no cached prefix attends to them directly instead of gathering the
+    same rows back from the cache.
+    """
+    use_new_kv = key is not None and meta.all_slots_valid
     for i in range(meta.num_decodes, meta.num_seqs):
         start, end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
-        out[start:end] = prefill_attention(query[start:end], key_cache, value_cache, meta, i, scale)
+        new_kv = None
+        if use_new_kv and meta.seq_lens_host[i] == end - start:
+            new_kv = (key[start:end], value[start:end])
+        out[start:end] = prefill_attention(query[start:end], key_cache, value_cache, meta, i, scale, new_kv)
 
 
 def _decode(q, key_cache, value_cache, tables, mask, scale: float) -> torch.Tensor:
@@ -90,12 +99,18 @@ def _decode(q, key_cache, value_cache, tables, mask, scale: float) -> torch.Tens
     return out.reshape(nd, num_heads, dim)
 
 
-def prefill_attention(q, key_cache, value_cache, meta: AttentionMetadata, i: int, scale: float) -> torch.Tensor:
-    """Sequence i's query chunk against its cached prefix plus itself, causally."""
+def prefill_attention(q, key_cache, value_cache, meta: AttentionMetadata, i: int, scale: float, new_kv=None):
+    """Sequence i's query chunk against its cached prefix plus itself, causally.
+
+    new_kv: the chunk's own (K, V) when it has no cached prefix, else None (read from the cache).
+    """
     num_q = q.shape[0]
     ctx = meta.seq_lens_host[i]
-    k = gather_kv(key_cache, meta.block_tables[i], ctx)  # [ctx, kv_heads, dim]
-    v = gather_kv(value_cache, meta.block_tables[i], ctx)
+    if new_kv is not None:
+        k, v = new_kv  # [ctx, kv_heads, dim]
+    else:
+        k = gather_kv(key_cache, meta.block_tables[i], ctx)  # [ctx, kv_heads, dim]
+        v = gather_kv(value_cache, meta.block_tables[i], ctx)
     if ctx == num_q:
         mask, causal = None, True  # no cached prefix: plain causal, the fastest kernel
     else:

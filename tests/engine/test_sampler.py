@@ -356,3 +356,13 @@ def test_logprobs_bfloat16_computed_in_float32():
     for row in range(2):
         token = out.token_ids[row]
         assert out.logprobs[row].logprob == pytest.approx(raw[row, token].item(), abs=1e-6)
+
+
+def test_row_argmax_matches_argmax_and_takes_first_of_ties():
+    from engine.sampler import row_argmax
+
+    x = torch.randn(5, 300)
+    x[1, [7, 200]] = 50.0  # a tie: the first index wins, as with argmax
+    x[3] = 0.0  # all equal
+    assert torch.equal(row_argmax(x), x.argmax(dim=-1))
+    assert row_argmax(x)[1] == 7 and row_argmax(x)[3] == 0
