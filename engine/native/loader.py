@@ -20,7 +20,7 @@ from pathlib import Path
 
 logger = logging.getLogger("tandem.engine")
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_decode.cpp", "layer_ops.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_decode.cpp", "layer_ops.cpp", "small_linear.cpp")]
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]
 
 

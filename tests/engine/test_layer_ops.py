@@ -82,8 +82,20 @@ def test_write_kv_cache_rejects_slot_outside_cache():
         kernels.write_kv_cache(kv, kv, cache, cache.clone(), torch.tensor([8]))
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9])
 def test_cpu_linear_matches_f_linear(rows):
     x, w, b = torch.randn(rows, 40), torch.randn(24, 40), torch.randn(24)
-    _close(ops.cpu_linear(x, w, b), F.linear(x, w, b), torch.float32)
-    _close(ops.cpu_linear(x, w), F.linear(x, w), torch.float32)
+    _close(NATIVE.linear(x, w, b), F.linear(x, w, b), torch.float32)
+    _close(NATIVE.linear(x, w), F.linear(x, w), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 5, 16])
+def test_small_linear_kernel(dtype, rows):
+    # in_features 100: six full 16-lane chunks plus a remainder of 4
+    x, w, b = (torch.randn(*shape).to(dtype) for shape in ((rows, 100), (130, 100), (130,)))
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=2e-2)
+    torch.testing.assert_close(kernels.small_linear(x, w, b), F.linear(x, w, b), **tol)
+    torch.testing.assert_close(kernels.small_linear(x, w), F.linear(x, w), **tol)
+    with pytest.raises(RuntimeError, match="1 to 16 rows"):
+        kernels.small_linear(torch.randn(17, 100).to(dtype), w)

@@ -7,6 +7,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
 torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, torch::Tensor signed_sin);
 torch::Tensor silu_and_mul(torch::Tensor gate_up);
+torch::Tensor small_linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias);
 void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
                     torch::Tensor slot_mapping);
 
@@ -16,5 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then RMSNorm of residual");
   m.def("rotary_", &rotary_, "rotary embedding of the first num_heads heads, in place");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up");
+  m.def("small_linear", &small_linear, "x @ weight.T (+ bias) for 1 to 16 rows, streaming the weight once",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   m.def("write_kv_cache", &write_kv_cache, "scatter K/V rows into the paged cache (slot -1 skipped)");
 }
