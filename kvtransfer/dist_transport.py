@@ -1,0 +1,65 @@
+"""The torch.distributed data plane: a two-rank process group per (sender, receiver) pair.
+
+Set up on demand: the receiver hosts one TCPStore; each sender that asks for
+this data plane in its `Hello` gets a pair id in the `Welcome`, and both sides
+build a 2-rank group under that prefix (receiver rank 0, sender rank 1) with
+point-to-point send/recv. Control messages (headers, heartbeats, aborts) still
+go over ZMQ; only tensor frames go through the group.
+
+Backends: gloo for CPU tensors (testable anywhere), NCCL for GPU tensors.
+Memory cost of NCCL: each pair is its own communicator. NCCL allocates, per
+peer and direction, NCCL_BUFFSIZE (4 MiB by default) per channel, with several
+channels per pair, plus its own device-side state: expect tens of MiB of GPU
+memory per pair, times the number of (prefill rank, decode rank) pairs a
+worker talks to. Lower it with NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS, or keep
+the pair count down (a prefill rank only pairs with the decode ranks its
+re-sharding plan feeds). Gloo pairs cost host memory only (a socket per pair).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+RECEIVER_RANK, SENDER_RANK = 0, 1
+
+
+def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, str]:
+    """The receiver's store on a free port of `host`; returns it and "host:port"."""
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    return store, f"{host}:{store.port}"
+
+
+def join_store(address: str, timeout_s: float) -> dist.TCPStore:
+    host, port = address.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+class DistPair:
+    """One sender and one receiver in their own process group (blocks until both have joined)."""
+
+    def __init__(self, store: dist.Store, pair_id: int, rank: int, backend: str, timeout_s: float):
+        prefix = dist.PrefixStore(f"tandem-kv-pair-{pair_id}", store)
+        timeout = timedelta(seconds=timeout_s)
+        if backend == "gloo":
+            self.group = dist.ProcessGroupGloo(prefix, rank, 2, timeout)
+        elif backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(prefix, rank, 2, options)
+        else:
+            raise ValueError(f"unknown torch.distributed backend {backend!r}; use gloo or nccl")
+        self.rank = rank
+        self.peer = SENDER_RANK if rank == RECEIVER_RANK else RECEIVER_RANK
+
+    def send(self, tensors: list[torch.Tensor], tag: int) -> list:
+        """Post one send per tensor (in order, same tag); returns the works to keep alive until complete."""
+        return [self.group.send([t.reshape(-1).view(torch.uint8)], self.peer, tag) for t in tensors]
+
+    def recv(self, nbytes: int, tag: int, device: torch.device) -> torch.Tensor:
+        """Receive the next `nbytes`-byte tensor with this tag into fresh staging memory (never into the cache)."""
+        staging = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.group.recv([staging], self.peer, tag).wait()
+        return staging
