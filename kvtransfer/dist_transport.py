@@ -58,8 +58,13 @@ class DistPair:
         """Post one send per tensor (in order, same tag); returns the works to keep alive until complete."""
         return [self.group.send([t.reshape(-1).view(torch.uint8)], self.peer, tag) for t in tensors]
 
-    def recv(self, nbytes: int, tag: int, device: torch.device) -> torch.Tensor:
-        """Receive the next `nbytes`-byte tensor with this tag into fresh staging memory (never into the cache)."""
-        staging = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        self.group.recv([staging], self.peer, tag).wait()
+    def recv(self, sizes: list[int], tag: int, device: torch.device) -> list[torch.Tensor]:
+        """Receive the next tensors with this tag, of these byte sizes, into fresh staging memory.
+
+        All receives are posted before waiting, so they overlap. Staging, never the cache:
+        a transfer that fails halfway leaves no partial write behind."""
+        staging = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
+        works = [self.group.recv([t], self.peer, tag) for t in staging]
+        for work in works:
+            work.wait()
         return staging

@@ -58,6 +58,19 @@ def run_tensor(cache: torch.Tensor, run: Run, head_start: int, num_heads: int, t
     return t.contiguous()
 
 
+def gather_runs(cache: torch.Tensor, runs, head_start: int, num_heads: int, to_host: bool) -> torch.Tensor:
+    """All runs' blocks in one contiguous tensor [sum of lengths, block_size, num_heads, head_dim] (one copy).
+
+    For short runs: one gather copy costs less than a frame (and its Python work) per run."""
+    idx = torch.cat([torch.arange(r.src_start, r.src_start + r.length) for r in runs]).to(cache.device)
+    t = cache[:, :, head_start : head_start + num_heads].index_select(0, idx)
+    if to_host and t.is_cuda:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t)
+        return host
+    return t
+
+
 def as_bytes(t: torch.Tensor) -> np.ndarray:
     """The tensor's memory as a flat uint8 array (no copy; `t` must be contiguous and on the CPU)."""
     return t.reshape(-1).view(torch.uint8).numpy()
@@ -77,6 +90,20 @@ def check_frame(buffer, cache: torch.Tensor, length: int, num_heads: int) -> Non
 
 def write_run(cache: torch.Tensor, buffer, dst_start: int, length: int, head_start: int, num_heads: int) -> None:
     """Copy a checked frame (bytes, or a uint8 tensor) into blocks [dst_start, +length), heads [head_start, +num_heads)."""
+    src = _blocks_view(cache, buffer, length, num_heads)
+    # A GPU cache takes the host frame with one host-to-device copy.
+    cache[dst_start : dst_start + length, :, head_start : head_start + num_heads].copy_(src)
+
+
+def scatter_runs(cache: torch.Tensor, buffer, dst_runs, head_start: int, num_heads: int) -> None:
+    """Copy a checked gathered frame (see `gather_runs`) into the blocks of `dst_runs` ((start, length) pairs)."""
+    idx = torch.cat([torch.arange(start, start + length) for start, length in dst_runs])
+    src = _blocks_view(cache, buffer, len(idx), num_heads).to(cache.device)
+    cache[:, :, head_start : head_start + num_heads].index_copy_(0, idx.to(cache.device), src)
+
+
+def _blocks_view(cache: torch.Tensor, buffer, length: int, num_heads: int) -> torch.Tensor:
+    """The frame as [length, block_size, num_heads, head_dim] in the cache's dtype (no copy)."""
     _, block_size, _, head_dim = cache.shape
     if isinstance(buffer, torch.Tensor):
         src = buffer
@@ -85,6 +112,4 @@ def write_run(cache: torch.Tensor, buffer, dst_start: int, length: int, head_sta
             # ZMQ frames are read-only; we only read from this view.
             warnings.simplefilter("ignore", UserWarning)
             src = torch.frombuffer(buffer, dtype=torch.uint8)
-    src = src.view(cache.dtype).view(length, block_size, num_heads, head_dim)
-    # A GPU cache takes the host frame with one host-to-device copy.
-    cache[dst_start : dst_start + length, :, head_start : head_start + num_heads].copy_(src)
+    return src.view(cache.dtype).view(length, block_size, num_heads, head_dim)

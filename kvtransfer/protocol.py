@@ -80,8 +80,9 @@ class KVChunk:
     """One layer's K and V for some block runs of one request.
 
     Followed by 2 frames per run, K then V, each [run_len, block_size, num_heads, head_dim]
-    in the spec's dtype, contiguous. Heads land at [head_start, head_start + num_heads)
-    of the receiver's local (tensor-parallel shard) heads. `dist_tag` > 0 means the frames
+    in the spec's dtype, contiguous; or, if `gathered`, by just 2 frames (K, V) holding
+    every run back to back. Heads land at [head_start, head_start + num_heads) of the
+    receiver's local (tensor-parallel shard) heads. `dist_tag` > 0 means the frames
     come over the torch.distributed pair with that tag instead of inline.
     """
 
@@ -90,7 +91,13 @@ class KVChunk:
     dst_runs: tuple[tuple[int, int], ...]  # (first destination block id, number of blocks)
     head_start: int
     num_heads: int
+    gathered: bool = False
     dist_tag: int = 0
+
+    def frame_blocks(self) -> list[int]:
+        """Blocks in each frame that follows, in order (K, V, K, V, ...)."""
+        lengths = [sum(n for _, n in self.dst_runs)] if self.gathered else [n for _, n in self.dst_runs]
+        return [n for n in lengths for _ in "kv"]
 
 
 @message

@@ -12,7 +12,7 @@ import zmq
 from kvtransfer.codec import DecodeError
 from kvtransfer.connector import KVReceiverBase, TransferEvent, TransferTimeouts
 from kvtransfer.dist_transport import RECEIVER_RANK, DistPair, host_store
-from kvtransfer.frames import FrameError, check_frame, frame_nbytes, write_run
+from kvtransfer.frames import FrameError, check_frame, frame_nbytes, scatter_runs, write_run
 from kvtransfer.lease import Clock
 from kvtransfer.protocol import (
     PROTOCOL_VERSION,
@@ -200,9 +200,9 @@ class KVReceiver(KVReceiverBase):
             events.append(TransferEvent(chunk.request_id, "done", sender.name))
 
     def _check_header(self, chunk: KVChunk, res: _Reservation | None, frames, sender: _Sender) -> None:
-        expected_frames = 0 if sender.pair is not None else 2 * len(chunk.dst_runs)
+        expected_frames = 0 if sender.pair is not None else len(chunk.frame_blocks())
         if len(frames) != expected_frames:
-            raise FrameError(f"{len(frames)} frames for {len(chunk.dst_runs)} runs")
+            raise FrameError(f"{len(frames)} frames for {len(chunk.dst_runs)} runs (expected {expected_frames})")
         if not 0 <= chunk.layer < self.spec.num_layers:
             raise FrameError(f"layer {chunk.layer} outside 0..{self.spec.num_layers - 1}")
         if chunk.num_heads < 1 or chunk.head_start < 0 or chunk.head_start + chunk.num_heads > self.local_heads:
@@ -213,24 +213,24 @@ class KVReceiver(KVReceiverBase):
 
     def _recv_dist(self, chunk: KVChunk, pair: DistPair) -> list[torch.Tensor]:
         k_cache = self.kv_caches[chunk.layer][0]
-        return [
-            pair.recv(frame_nbytes(k_cache, length, chunk.num_heads), chunk.dist_tag, k_cache.device)
-            for _, length in chunk.dst_runs
-            for _ in ("k", "v")
-        ]
+        sizes = [frame_nbytes(k_cache, length, chunk.num_heads) for length in chunk.frame_blocks()]
+        return pair.recv(sizes, chunk.dist_tag, k_cache.device)
 
     def _check_frames(self, chunk: KVChunk, frames) -> None:
         k_cache = self.kv_caches[chunk.layer][0]
-        for i, (_, length) in enumerate(chunk.dst_runs):
-            for frame in frames[2 * i : 2 * i + 2]:
-                check_frame(_buffer(frame), k_cache, length, chunk.num_heads)
+        for frame, length in zip(frames, chunk.frame_blocks()):
+            check_frame(_buffer(frame), k_cache, length, chunk.num_heads)
 
     def _write(self, chunk: KVChunk, res: _Reservation, frames) -> None:
         k_cache, v_cache = self.kv_caches[chunk.layer]
         heads = slice(chunk.head_start, chunk.head_start + chunk.num_heads)
+        if chunk.gathered:
+            for cache, frame in ((k_cache, frames[0]), (v_cache, frames[1])):
+                scatter_runs(cache, _buffer(frame), chunk.dst_runs, chunk.head_start, chunk.num_heads)
         for i, (start, length) in enumerate(chunk.dst_runs):
-            for cache, frame in ((k_cache, frames[2 * i]), (v_cache, frames[2 * i + 1])):
-                write_run(cache, _buffer(frame), start, length, chunk.head_start, chunk.num_heads)
+            if not chunk.gathered:
+                for cache, frame in ((k_cache, frames[2 * i]), (v_cache, frames[2 * i + 1])):
+                    write_run(cache, _buffer(frame), start, length, chunk.head_start, chunk.num_heads)
             first = res.position[start]
             res.covered[chunk.layer, first : first + length, heads] = True
         self.stats.bytes_written += 2 * sum(frame_nbytes(k_cache, n, chunk.num_heads) for _, n in chunk.dst_runs)

@@ -12,7 +12,7 @@ import zmq
 from kvtransfer.codec import DecodeError
 from kvtransfer.connector import KVSenderBase, PeerTarget, TransferEvent, TransferTimeouts
 from kvtransfer.dist_transport import SENDER_RANK, DistPair, join_store
-from kvtransfer.frames import Run, as_bytes, block_runs, run_tensor
+from kvtransfer.frames import Run, as_bytes, block_runs, frame_nbytes, gather_runs, run_tensor
 from kvtransfer.lease import Clock, LeaseTable
 from kvtransfer.protocol import (
     PROTOCOL_VERSION,
@@ -30,6 +30,10 @@ from kvtransfer.protocol import (
 from kvtransfer.zmq_transport import connect_dealer, decode_header, recv_parts, send_message
 
 logger = logging.getLogger("tandem.kvtransfer")
+
+# Runs shorter than this on average are gathered into one frame per chunk: below it the
+# work per frame (Python, syscalls) costs more than one extra copy of the bytes.
+GATHER_BELOW_BYTES = 256 * 1024
 
 
 @dataclass
@@ -60,8 +64,10 @@ class KVSender(KVSenderBase):
         data_plane: str = "zmq",
         timeouts: TransferTimeouts = TransferTimeouts(),
         clock: Clock = time.monotonic,
+        gather_below_bytes: int = GATHER_BELOW_BYTES,
     ):
         self.spec, self.name, self.tp_size, self.tp_rank = spec, name, tp_size, tp_rank
+        self.gather_below_bytes = gather_below_bytes
         self.data_plane, self.timeouts, self.clock = data_plane, timeouts, clock
         self._ctx = zmq.Context.instance()
         self._links: dict[str, _Link] = {}
@@ -140,16 +146,22 @@ class KVSender(KVSenderBase):
     def _send_chunk(self, request_id, layer, k_cache, v_cache, link: _Link, transfer: _Transfer) -> None:
         target = transfer.target
         num_heads = target.num_heads or k_cache.shape[2]
-        tensors = [
-            run_tensor(cache, run, target.src_head_start, num_heads, to_host=link.pair is None)
-            for run in transfer.runs
-            for cache in (k_cache, v_cache)
-        ]  # each [run length, block_size, num_heads, head_dim]
+        to_host = link.pair is None
+        mean_run_bytes = frame_nbytes(k_cache, sum(r.length for r in transfer.runs), num_heads) / len(transfer.runs)
+        gathered = len(transfer.runs) > 1 and mean_run_bytes < self.gather_below_bytes
+        if gathered:
+            tensors = [gather_runs(c, transfer.runs, target.src_head_start, num_heads, to_host) for c in (k_cache, v_cache)]
+        else:
+            tensors = [
+                run_tensor(cache, run, target.src_head_start, num_heads, to_host)
+                for run in transfer.runs
+                for cache in (k_cache, v_cache)
+            ]  # each [run length, block_size, num_heads, head_dim]
         dst_runs = tuple((run.dst_start, run.length) for run in transfer.runs)
         tag = 0
         if link.pair is not None:
             tag, link.next_tag = link.next_tag, link.next_tag + 1
-        chunk = KVChunk(request_id, layer, dst_runs, target.dst_head_start, num_heads, tag)
+        chunk = KVChunk(request_id, layer, dst_runs, target.dst_head_start, num_heads, gathered, tag)
         if link.pair is None:
             send_message(link.sock, chunk, [as_bytes(t) for t in tensors])
         else:

@@ -165,19 +165,21 @@ def _poll_receiver(receiver, polls=200):
 
 
 @pytest.mark.parametrize(
-    "runs,frame_bytes,problem",
+    "runs,gathered,frame_bytes,problem",
     [
-        (((0, 2),), [512, 511], "frame of 511 bytes"),  # truncated V frame
-        (((0, 2),), [512], "1 frames for 1 runs"),  # a frame missing
-        (((0, 3),), [768, 768], "not reserved"),  # spills into a block that is not ours
+        (((0, 2),), False, [512, 511], "frame of 511 bytes"),  # truncated V frame
+        (((0, 2),), False, [512], "1 frames for 1 runs"),  # a frame missing
+        (((0, 3),), False, [768, 768], "not reserved"),  # spills into a block that is not ours
+        (((1, 1), (0, 1)), True, [512, 500], "frame of 500 bytes"),  # truncated gathered frame
+        (((1, 1), (0, 1)), True, [256, 256, 256, 256], "4 frames for 2 runs"),  # per-run frames, said gathered
     ],
 )
-def test_bad_chunks_are_rejected_and_counted_never_written(runs, frame_bytes, problem):
+def test_bad_chunks_are_rejected_and_counted_never_written(runs, gathered, frame_bytes, problem):
     caches = zero_caches(SPEC, 4)
     receiver = KVReceiver(caches, SPEC, LOOPBACK)
     receiver.recv("r", [0, 1])
     sock = _raw_sender(receiver)
-    sock.send_multipart([encode(KVChunk("r", 0, runs, 0, 2)), *[b"\x7f" * n for n in frame_bytes]])
+    sock.send_multipart([encode(KVChunk("r", 0, runs, 0, 2, gathered)), *[b"\x7f" * n for n in frame_bytes]])
     (event,) = _poll_receiver(receiver)
     assert (event.kind, receiver.stats.rejected_chunks) == ("failed", 1) and problem in event.reason
     assert all(not t.any() for kv in caches for t in kv)

@@ -57,12 +57,14 @@ def _address(kind: str, tmp_path) -> str:
     return f"ipc://{tmp_path}/kv.sock" if kind == "zmq-ipc" else "tcp://127.0.0.1:0"
 
 
+@pytest.mark.parametrize("gather_below_bytes", [0, 2**20], ids=["frame-per-run", "gathered"])
 @pytest.mark.parametrize("kind", ["zmq-ipc", "zmq-tcp", "gloo"])
-def test_blocks_arrive_bit_identical(kind, child, tmp_path):
+def test_blocks_arrive_bit_identical(kind, gather_below_bytes, child, tmp_path):
     _, reply = child(receiver_main, _address(kind, tmp_path), "gloo")
     address = reply.get(timeout=REPLY_TIMEOUT_S)
     caches = random_caches(SPEC, NUM_BLOCKS, seed=1)
-    sender = KVSender(SPEC, "prefill-0", data_plane="gloo" if kind == "gloo" else "zmq", timeouts=FAST)
+    data_plane = "gloo" if kind == "gloo" else "zmq"
+    sender = KVSender(SPEC, "prefill-0", data_plane=data_plane, timeouts=FAST, gather_below_bytes=gather_below_bytes)
     sender.send("r", SRC_BLOCKS, PeerTarget(address, DST_BLOCKS))
     for layer in range(SPEC.num_layers):
         sender.send_layer("r", layer, *caches[layer])
