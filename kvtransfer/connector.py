@@ -20,6 +20,9 @@ Ownership:
   After `done` the blocks hold the request's KV and belong to the request.
 - Exactly one terminal event per request on the receiver, per (request, peer)
   on the sender. Callers must call `poll()` at least every heartbeat interval.
+- A request id names one transfer attempt: a retry needs a new id (late chunks
+  of a failed attempt would otherwise count towards the retry).
+- Neither side is thread-safe: one thread drives each (ZMQ sockets are not shareable).
 """
 
 from __future__ import annotations
@@ -79,8 +82,15 @@ class KVSenderBase(abc.ABC):
         Raises `IncompatiblePeerError` if the peer refuses the handshake."""
 
     @abc.abstractmethod
-    def send_layer(self, request_id: str, layer: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        """Ship one layer's K/V of the request's blocks to every peer of the request; returns without waiting."""
+    def send_layer(
+        self, request_id: str, layer: int, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: range | None = None
+    ) -> None:
+        """Ship one layer's K/V of the request's blocks to every peer of the request; returns without waiting.
+
+        `positions` picks which of the request's blocks (indices into `block_ids`) this
+        call sends, so chunked prefill can send each chunk's full blocks as they are
+        computed; None sends them all. The receiver is done once every layer of every
+        block has arrived, in any order."""
 
     @abc.abstractmethod
     def abort(self, request_id: str, reason: str = "aborted by sender") -> None:

@@ -89,7 +89,7 @@ def check_frame(buffer, cache: torch.Tensor, length: int, num_heads: int) -> Non
 
 
 def write_run(cache: torch.Tensor, buffer, dst_start: int, length: int, head_start: int, num_heads: int) -> None:
-    """Copy a checked frame (bytes, or a uint8 tensor) into blocks [dst_start, +length), heads [head_start, +num_heads)."""
+    """Copy a checked frame (bytes or uint8 tensor) into blocks [dst_start, +length), heads [head_start, +num_heads)."""
     src = _blocks_view(cache, buffer, length, num_heads)
     # A GPU cache takes the host frame with one host-to-device copy.
     cache[dst_start : dst_start + length, :, head_start : head_start + num_heads].copy_(src)

@@ -87,6 +87,7 @@ class KVReceiver(KVReceiverBase):
         self._reservations: dict[str, _Reservation] = {}
         self._store = None
         self._store_address = ""
+        self._pairs_made = 0
         self._next_heartbeat = 0.0
 
     def recv(self, request_id: str, block_ids) -> None:
@@ -156,7 +157,8 @@ class KVReceiver(KVReceiverBase):
             send_message(self._sock, Refused(str(e)), identity=identity)
             return
         sender = _Sender(hello.sender_name, self.clock())
-        pair_id = len(self._senders) + 1
+        self._pairs_made += 1
+        pair_id = self._pairs_made  # never reused: each pair has its own prefix in the store
         if hello.data_plane != "zmq":
             self._ensure_store()
         send_message(
@@ -244,7 +246,8 @@ class KVReceiver(KVReceiverBase):
             self._next_heartbeat = now + self.timeouts.heartbeat_interval_s
         for identity, sender in list(self._senders.items()):
             if now - sender.last_seen > self.timeouts.peer_silence_s:
-                self._forget_sender(identity, f"sender {sender.name} gone (silent {now - sender.last_seen:.1f}s)", events)
+                silent = now - sender.last_seen
+                self._forget_sender(identity, f"sender {sender.name} gone (silent {silent:.1f}s)", events)
         for request_id, res in list(self._reservations.items()):
             if now >= res.deadline:
                 self._fail(request_id, f"timed out after {self.timeouts.transfer_s}s", events)

@@ -49,7 +49,14 @@ class _Link:
 @dataclass(frozen=True)
 class _Transfer:
     target: PeerTarget
-    runs: tuple[Run, ...]
+    src_block_ids: tuple[int, ...]
+    all_runs: tuple[Run, ...]
+
+    def runs(self, positions: range | None) -> tuple[Run, ...]:
+        if positions is None:
+            return self.all_runs
+        src = self.src_block_ids[positions.start : positions.stop]
+        return tuple(block_runs(src, self.target.block_ids[positions.start : positions.stop]))
 
 
 class KVSender(KVSenderBase):
@@ -80,14 +87,20 @@ class KVSender(KVSenderBase):
         if peer.address in self._transfers.get(request_id, {}):
             raise ValueError(f"request {request_id} already sends to {peer.address}")
         self._link(peer.address)
-        runs = tuple(block_runs([int(b) for b in block_ids], peer.block_ids))
-        self._transfers.setdefault(request_id, {})[peer.address] = _Transfer(peer, runs)
+        src = tuple(int(b) for b in block_ids)
+        transfer = _Transfer(peer, src, tuple(block_runs(src, peer.block_ids)))
+        self._transfers.setdefault(request_id, {})[peer.address] = transfer
         self._leases.grant((request_id, peer.address))
 
-    def send_layer(self, request_id: str, layer: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    def send_layer(
+        self, request_id: str, layer: int, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: range | None = None
+    ) -> None:
         for address, transfer in list(self._transfers.get(request_id, {}).items()):
+            runs = transfer.runs(positions)
+            if not runs:
+                continue
             try:
-                self._send_chunk(request_id, layer, k_cache, v_cache, self._links[address], transfer)
+                self._send_chunk(request_id, layer, k_cache, v_cache, self._links[address], transfer.target, runs)
             except zmq.Again:
                 self._end(request_id, address, "failed", "receiver is not taking data (send timed out)")
 
@@ -143,21 +156,20 @@ class KVSender(KVSenderBase):
 
     # -- data --
 
-    def _send_chunk(self, request_id, layer, k_cache, v_cache, link: _Link, transfer: _Transfer) -> None:
-        target = transfer.target
+    def _send_chunk(self, request_id, layer, k_cache, v_cache, link: _Link, target: PeerTarget, runs) -> None:
         num_heads = target.num_heads or k_cache.shape[2]
         to_host = link.pair is None
-        mean_run_bytes = frame_nbytes(k_cache, sum(r.length for r in transfer.runs), num_heads) / len(transfer.runs)
-        gathered = len(transfer.runs) > 1 and mean_run_bytes < self.gather_below_bytes
+        mean_run_bytes = frame_nbytes(k_cache, sum(r.length for r in runs), num_heads) / len(runs)
+        gathered = len(runs) > 1 and mean_run_bytes < self.gather_below_bytes
         if gathered:
-            tensors = [gather_runs(c, transfer.runs, target.src_head_start, num_heads, to_host) for c in (k_cache, v_cache)]
+            tensors = [gather_runs(c, runs, target.src_head_start, num_heads, to_host) for c in (k_cache, v_cache)]
         else:
             tensors = [
                 run_tensor(cache, run, target.src_head_start, num_heads, to_host)
-                for run in transfer.runs
+                for run in runs
                 for cache in (k_cache, v_cache)
             ]  # each [run length, block_size, num_heads, head_dim]
-        dst_runs = tuple((run.dst_start, run.length) for run in transfer.runs)
+        dst_runs = tuple((run.dst_start, run.length) for run in runs)
         tag = 0
         if link.pair is not None:
             tag, link.next_tag = link.next_tag, link.next_tag + 1

@@ -202,7 +202,7 @@ def run(args) -> list[dict]:
 # -- report --
 
 HEADER = (
-    "| block tokens | run (blocks) | run KiB  | transfer MiB | raw TCP GB/s | ZMQ-IPC GB/s | ZMQ-TCP GB/s "
+    "| block tokens | run (blocks) | run KiB | transfer MiB | raw TCP GB/s | ZMQ-IPC GB/s | ZMQ-TCP GB/s "
     "| gloo GB/s | ZMQ-TCP / raw |\n|---|---|---|---|---|---|---|---|---|"
 )
 
@@ -242,7 +242,8 @@ def markdown_section(args, rows: list[dict]) -> str:
         f"- Command: `python {' '.join(sys.argv)}` (commit {commit})",
         f"- Machine: {machine_line()}",
         f"- KV: {args.layers} layers, {args.kv_heads} KV heads x {args.head_dim}, {args.dtype}; "
-        f"median of {args.reps} reps after one warm-up, reps interleaved across transports; GB/s = 1e9 bytes/s of K+V moved, "
+        f"median of {args.reps} reps after one warm-up, reps interleaved across transports; "
+        "GB/s = 1e9 bytes/s of K+V moved, "
         "timed from the first send until the sender sees the receiver's done",
         "- Baseline: raw TCP socket on 127.0.0.1, same bytes in frames of the same size, same run",
         "",

@@ -1,8 +1,11 @@
-"""Both ends of a KV transfer, as functions a spawned child process runs (tests only).
+"""Both ends of a KV transfer as functions a spawned child process runs, and shared test helpers.
 
-Each reports over a multiprocessing queue (test plumbing, not the data plane)."""
+Children report over a multiprocessing queue (test plumbing, not the data plane)."""
 
 from __future__ import annotations
+
+import contextlib
+import threading
 
 import torch
 
@@ -14,6 +17,38 @@ NUM_BLOCKS = 16
 SRC_BLOCKS = (3, 4, 5, 9, 1, 12, 13)
 DST_BLOCKS = (7, 8, 9, 2, 14, 0, 1)
 FAST = TransferTimeouts(heartbeat_interval_s=0.05, lease_s=1.0, peer_silence_s=1.0, transfer_s=60.0, handshake_s=20.0)
+
+
+def poll_until_event(endpoint, polls: int = 2000, timeout_ms: int = 50) -> list:
+    """Poll a sender or receiver until it reports transfer events; fail after `polls` empty polls."""
+    for _ in range(polls):
+        events = endpoint.poll(timeout_ms)
+        if events:
+            return events
+    raise AssertionError(f"no transfer event after {polls} polls")
+
+
+@contextlib.contextmanager
+def serving(*receivers):
+    """Poll the receivers from a thread (a sender's handshake blocks on their answer); yield their events."""
+    events, stop = [], threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            for receiver in receivers:
+                events.extend(receiver.poll(5))
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield events
+    finally:
+        stop.set()
+        thread.join()
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def random_caches(spec: KVSpec, num_blocks: int, seed: int, num_heads: int | None = None):
@@ -29,22 +64,25 @@ def random_caches(spec: KVSpec, num_blocks: int, seed: int, num_heads: int | Non
     return [(one(), one()) for _ in range(spec.num_layers)]
 
 
-def zero_caches(spec: KVSpec, num_blocks: int, num_heads: int | None = None):
+def zero_caches(spec: KVSpec, num_blocks: int, num_heads: int | None = None, device: str = "cpu"):
     shape = (num_blocks, spec.block_size, num_heads or spec.num_kv_heads, spec.head_dim)
     dtype = getattr(torch, spec.dtype)
-    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(spec.num_layers)]
+    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(spec.num_layers)]  # fmt: skip
 
 
 def blocks_bytes(cache: torch.Tensor, block_ids) -> bytes:
     """The raw bytes of these blocks, in order (plain bytes cross the test's queue without shared memory)."""
-    return cache[list(block_ids)].view(torch.uint8).numpy().tobytes()
+    return cache[list(block_ids)].cpu().view(torch.uint8).numpy().tobytes()
 
 
-def receiver_main(reply, address: str, dist_backend: str, stop_after_bytes: int = 0) -> None:
+def receiver_main(reply, address: str, dist_backend: str, stop_after_bytes: int = 0, device: str = "cpu") -> None:
     """Reserve DST_BLOCKS for request "r", report the address, then the event and the reserved blocks.
 
     With `stop_after_bytes`, report "progress" once that much is written and keep polling (until killed)."""
-    caches = zero_caches(SPEC, NUM_BLOCKS)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    caches = zero_caches(SPEC, NUM_BLOCKS, device=device)
     receiver = KVReceiver(caches, SPEC, address, dist_backend=dist_backend, timeouts=FAST)
     receiver.recv("r", DST_BLOCKS)
     reply.put(receiver.address)
@@ -60,7 +98,7 @@ def receiver_main(reply, address: str, dist_backend: str, stop_after_bytes: int 
 
 
 def sender_main(reply, address: str, dst_blocks, num_layers: int) -> None:
-    """Send the first `num_layers` layers of request "r" into `dst_blocks`, report "sent", keep polling (until killed)."""
+    """Send the first `num_layers` layers of request "r" into `dst_blocks`, report "sent", poll until killed."""
     caches = random_caches(SPEC, NUM_BLOCKS, seed=1)
     sender = KVSender(SPEC, "test-sender", timeouts=FAST)
     sender.send("r", SRC_BLOCKS, PeerTarget(address, tuple(dst_blocks)))

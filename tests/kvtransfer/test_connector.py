@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import threading
 
 import pytest
-import torch
 import zmq
 
 from kvtransfer import IncompatiblePeerError, KVReceiver, KVSender, KVSpec, PeerTarget, TransferTimeouts
@@ -15,7 +12,7 @@ from kvtransfer.codec import encode
 from kvtransfer.protocol import PROTOCOL_VERSION, Hello, KVChunk, Welcome, compat_hash
 from kvtransfer.resharding import pieces_from, rank_heads, shard_heads
 from kvtransfer.zmq_transport import connect_dealer, decode_header, send_message
-from tests.kvtransfer.peers import random_caches, zero_caches
+from tests.kvtransfer.peers import poll_until_event, random_caches, same_bits, serving, zero_caches
 
 SPEC = KVSpec("tiny-test", "float32", block_size=4, num_layers=2, num_kv_heads=2, head_dim=8)
 LOOPBACK = "tcp://127.0.0.1:0"
@@ -27,37 +24,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@contextlib.contextmanager
-def serving(*receivers):
-    """Poll the receivers from a thread (the sender's handshake blocks on their answer); yield their events."""
-    events, stop = [], threading.Event()
-
-    def loop():
-        while not stop.is_set():
-            for receiver in receivers:
-                events.extend(receiver.poll(5))
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield events
-    finally:
-        stop.set()
-        thread.join()
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
-def _poll_sender(sender, polls=400):
-    for _ in range(polls):
-        events = sender.poll(10)
-        if events:
-            return events
-    raise AssertionError("no sender event")
 
 
 @pytest.mark.parametrize("src_tp,dst_tp", list(itertools.product((1, 2, 4), (1, 2, 4))))
@@ -86,7 +52,7 @@ def test_resharding_through_the_connector(src_tp, dst_tp):
         for sender, num_pieces in senders:
             done = []
             while len(done) < num_pieces:
-                done += _poll_sender(sender)
+                done += poll_until_event(sender, 400, 10)
             assert {e.kind for e in done} <= {"done"}
             sender.close()
     assert sorted(e.kind for e in events) == ["done"] * dst_tp
@@ -141,7 +107,7 @@ def test_aborts_travel_both_ways():
     assert [(e.request_id, e.kind) for e in events] == [("from-sender", "failed")]
     assert "client went away" in events[0].reason
     receiver.abort("from-receiver", "decode worker draining")
-    (event,) = _poll_sender(sender)
+    (event,) = poll_until_event(sender, 400, 10)
     assert (event.request_id, event.kind) == ("from-receiver", "failed") and "draining" in event.reason
     assert sender.pending() == [] and receiver.pending() == []
 
@@ -154,14 +120,6 @@ def _raw_sender(receiver) -> zmq.Socket:
         receiver.poll(10)
     assert isinstance(decode_header(sock.recv_multipart(copy=False)[0]), Welcome)
     return sock
-
-
-def _poll_receiver(receiver, polls=200):
-    for _ in range(polls):
-        events = receiver.poll(10)
-        if events:
-            return events
-    raise AssertionError("no receiver event")
 
 
 @pytest.mark.parametrize(
@@ -180,7 +138,7 @@ def test_bad_chunks_are_rejected_and_counted_never_written(runs, gathered, frame
     receiver.recv("r", [0, 1])
     sock = _raw_sender(receiver)
     sock.send_multipart([encode(KVChunk("r", 0, runs, 0, 2, gathered)), *[b"\x7f" * n for n in frame_bytes]])
-    (event,) = _poll_receiver(receiver)
+    (event,) = poll_until_event(receiver, 200, 10)
     assert (event.kind, receiver.stats.rejected_chunks) == ("failed", 1) and problem in event.reason
     assert all(not t.any() for kv in caches for t in kv)
     sock.close()
@@ -204,3 +162,23 @@ def test_incompatible_peer_is_refused_at_handshake():
         with pytest.raises(IncompatiblePeerError, match="TP size 3"):
             KVSender(SPEC, "p1", tp_size=3).send("r", [0], PeerTarget(receiver.address, (0,)))
     assert receiver.stats.refused_peers == 2
+
+
+def test_chunked_prefill_sends_blocks_as_they_are_computed():
+    caches = zero_caches(SPEC, 8)
+    receiver = KVReceiver(caches, SPEC, LOOPBACK)
+    receiver.recv("r", [4, 5, 6])
+    sender = KVSender(SPEC, "p0")
+    src = random_caches(SPEC, 8, seed=5)
+    with serving(receiver) as events:
+        sender.send("r", [0, 1, 2], PeerTarget(receiver.address, (4, 5, 6)))
+        for layer in range(SPEC.num_layers):  # first prefill chunk: blocks 0 and 1
+            sender.send_layer("r", layer, *src[layer], positions=range(0, 2))
+        for _ in range(20):
+            assert sender.poll(10) == []  # not done: block 2 is still missing
+        for layer in range(SPEC.num_layers):  # second chunk
+            sender.send_layer("r", layer, *src[layer], positions=range(2, 3))
+        (event,) = poll_until_event(sender, 400, 10)
+    assert event.kind == "done" and [e.kind for e in events] == ["done"]
+    for (k, v), (k_src, v_src) in zip(caches, src):
+        assert same_bits(k[4:7], k_src[0:3]) and same_bits(v[4:7], v_src[0:3])

@@ -17,6 +17,7 @@ from tests.kvtransfer.peers import (
     SPEC,
     SRC_BLOCKS,
     blocks_bytes,
+    poll_until_event,
     random_caches,
     receiver_main,
     sender_main,
@@ -25,14 +26,6 @@ from tests.kvtransfer.peers import (
 
 CTX = multiprocessing.get_context("spawn")
 REPLY_TIMEOUT_S = 60
-
-
-def _poll_until_event(endpoint, limit_polls=2000):
-    for _ in range(limit_polls):
-        events = endpoint.poll(50)
-        if events:
-            return events
-    raise AssertionError("no transfer event")
 
 
 @pytest.fixture
@@ -68,7 +61,7 @@ def test_blocks_arrive_bit_identical(kind, gather_below_bytes, child, tmp_path):
     sender.send("r", SRC_BLOCKS, PeerTarget(address, DST_BLOCKS))
     for layer in range(SPEC.num_layers):
         sender.send_layer("r", layer, *caches[layer])
-    assert [(e.request_id, e.kind) for e in _poll_until_event(sender)] == [("r", "done")]
+    assert [(e.request_id, e.kind) for e in poll_until_event(sender)] == [("r", "done")]
     events, blocks = reply.get(timeout=REPLY_TIMEOUT_S)
     assert [(e.request_id, e.kind) for e in events] == [("r", "done")]
     assert blocks == [(blocks_bytes(k, SRC_BLOCKS), blocks_bytes(v, SRC_BLOCKS)) for k, v in caches]
@@ -90,7 +83,7 @@ def test_killed_receiver_lets_the_lease_expire_and_blocks_go_back(child):
     os.kill(receiver.pid, signal.SIGKILL)
     receiver.join(10)
     sender.send_layer("r", 1, *caches[1])  # mid-transfer: the receiver is gone
-    (event,) = _poll_until_event(sender)
+    (event,) = poll_until_event(sender)
     assert (event.request_id, event.kind) == ("r", "expired")
     pool.free(held)
     assert pool.num_free_blocks == NUM_BLOCKS and sender.pending() == []
@@ -109,7 +102,7 @@ def test_killed_sender_fails_the_request_and_frees_the_reservation(child):
         assert receiver.poll(50) == []
     os.kill(sender.pid, signal.SIGKILL)
     sender.join(10)
-    (event,) = _poll_until_event(receiver)
+    (event,) = poll_until_event(receiver)
     assert (event.request_id, event.kind) == ("r", "failed") and "gone" in event.reason
     pool.free(reserved)
     assert pool.num_free_blocks == NUM_BLOCKS and receiver.pending() == []
