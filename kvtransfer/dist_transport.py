@@ -7,13 +7,15 @@ point-to-point send/recv. Control messages (headers, heartbeats, aborts) still
 go over ZMQ; only tensor frames go through the group.
 
 Backends: gloo for CPU tensors (testable anywhere), NCCL for GPU tensors.
-Memory cost of NCCL: each pair is its own communicator. NCCL allocates, per
-peer and direction, NCCL_BUFFSIZE (4 MiB by default) per channel, with several
-channels per pair, plus its own device-side state: expect tens of MiB of GPU
-memory per pair, times the number of (prefill rank, decode rank) pairs a
-worker talks to. Lower it with NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS, or keep
-the pair count down (a prefill rank only pairs with the decode ranks its
-re-sharding plan feeds). Gloo pairs cost host memory only (a socket per pair).
+Memory cost of NCCL: each pair is its own communicator. Per NCCL's
+documentation of NCCL_BUFFSIZE (4 MiB by default), a communicator keeps a
+buffer of that size per channel for each peer it talks to, in each direction,
+besides its own device-side state; with a few channels that is tens of MiB of
+GPU memory per pair (not measured here: no GPU), times the number of
+(prefill rank, decode rank) pairs a worker holds. NCCL_BUFFSIZE and
+NCCL_MAX_NCHANNELS lower it; so does keeping pairs few (a prefill rank pairs
+only with the decode ranks its re-sharding plan feeds). Gloo pairs cost host
+memory only (a TCP connection per pair).
 """
 
 from __future__ import annotations

@@ -225,7 +225,8 @@ def machine_line() -> str:
     import zmq
 
     return (
-        f"{cpu}, {len(os.sched_getaffinity(0))} cores (shared), torch {torch.__version__}, "
+        f"{cpu}, {len(os.sched_getaffinity(0))} cores (shared with other work: load average "
+        f"{os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, "
         f"pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()}), msgpack {msgpack.version}, "
         f"Python {platform.python_version()}"
     )
