@@ -167,7 +167,11 @@ class KVReceiver(KVReceiverBase):
             identity=identity,
         )
         if hello.data_plane != "zmq":
-            sender.pair = DistPair(self._store, pair_id, RECEIVER_RANK, self.dist_backend, self.timeouts.handshake_s)
+            try:
+                sender.pair = DistPair(self._store, pair_id, RECEIVER_RANK, self.dist_backend, self.timeouts.handshake_s)
+            except RuntimeError as e:  # the sender never joined (died, or cannot reach our store)
+                logger.error("KV sender %s did not join its %s pair: %s", hello.sender_name, self.dist_backend, e)
+                return
         self._senders[identity] = sender
 
     def _ensure_store(self) -> None:

@@ -113,6 +113,8 @@ class KVSender(KVSenderBase):
         poller = zmq.Poller()
         for link in self._links.values():
             poller.register(link.sock, zmq.POLLIN)
+        if not self._links:
+            time.sleep(timeout_ms / 1000)  # an empty poller would return at once
         for sock, _ in poller.poll(timeout_ms) if self._links else ():
             link = next(link for link in self._links.values() if link.sock is sock)
             while link.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:

@@ -182,3 +182,16 @@ def test_chunked_prefill_sends_blocks_as_they_are_computed():
     assert event.kind == "done" and [e.kind for e in events] == ["done"]
     for (k, v), (k_src, v_src) in zip(caches, src):
         assert same_bits(k[4:7], k_src[0:3]) and same_bits(v[4:7], v_src[0:3])
+
+
+def test_late_chunks_of_an_ended_request_never_touch_its_blocks():
+    caches = zero_caches(SPEC, 4)
+    receiver = KVReceiver(caches, SPEC, LOOPBACK)
+    receiver.recv("r", [0, 1])
+    sock = _raw_sender(receiver)
+    receiver.abort("r")  # the caller may now hand blocks 0 and 1 to another request
+    sock.send_multipart([encode(KVChunk("r", 0, ((0, 2),), 0, 2)), b"\x7f" * 512, b"\x7f" * 512])
+    while receiver.stats.dropped_chunks == 0:
+        assert receiver.poll(10) == []
+    assert all(not t.any() for kv in caches for t in kv)
+    sock.close()
