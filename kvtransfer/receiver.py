@@ -36,7 +36,7 @@ _MAX_MESSAGES_PER_POLL = 256
 
 @dataclass
 class ReceiverStats:
-    rejected_chunks: int = 0  # malformed or truncated: counted, never written
+    rejected_chunks: int = 0  # malformed, truncated or from an unwelcome sender: counted, never written
     refused_peers: int = 0
     dropped_chunks: int = 0  # for requests no longer expected (aborted, failed, done)
     bytes_written: int = 0
@@ -136,8 +136,9 @@ class KVReceiver(KVReceiverBase):
         if isinstance(msg, Hello):
             return self._on_hello(identity, msg)
         sender = self._senders.get(identity)
-        if sender is None:
-            self.stats.rejected_chunks += 1  # not welcomed: refused, or never said hello
+        if sender is None:  # not welcomed: refused, forgotten, or never said hello
+            if isinstance(msg, KVChunk):
+                self.stats.rejected_chunks += 1
             return
         sender.last_seen = self.clock()
         if isinstance(msg, KVChunk):

@@ -227,7 +227,7 @@ def machine_line() -> str:
     return (
         f"{cpu}, {len(os.sched_getaffinity(0))} cores (shared with other work: load average "
         f"{os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, "
-        f"pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()}), msgpack {msgpack.version}, "
+        f"pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()}), msgpack {'.'.join(map(str, msgpack.version))}, "
         f"Python {platform.python_version()}"
     )
 
