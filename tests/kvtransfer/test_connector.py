@@ -9,7 +9,7 @@ import zmq
 
 from kvtransfer import IncompatiblePeerError, KVReceiver, KVSender, KVSpec, PeerTarget, TransferTimeouts
 from kvtransfer.codec import encode
-from kvtransfer.protocol import PROTOCOL_VERSION, Hello, KVChunk, Welcome, compat_hash
+from kvtransfer.protocol import PROTOCOL_VERSION, Hello, KVChunk, Refused, Welcome, compat_hash
 from kvtransfer.resharding import pieces_from, rank_heads, shard_heads
 from kvtransfer.zmq_transport import connect_dealer, decode_header, send_message
 from tests.kvtransfer.peers import poll_until_event, random_caches, same_bits, serving, zero_caches
@@ -194,4 +194,21 @@ def test_late_chunks_of_an_ended_request_never_touch_its_blocks():
     while receiver.stats.dropped_chunks == 0:
         assert receiver.poll(10) == []
     assert all(not t.any() for kv in caches for t in kv)
+    sock.close()
+
+
+def test_chunks_from_a_refused_sender_are_rejected():
+    caches = zero_caches(SPEC, 4)
+    receiver = KVReceiver(caches, SPEC, LOOPBACK)
+    receiver.recv("r", [0, 1])
+    sock = connect_dealer(zmq.Context.instance(), receiver.address, send_timeout_ms=5000)
+    other = KVSpec(**{**SPEC.__dict__, "dtype": "bfloat16"})
+    send_message(sock, Hello(PROTOCOL_VERSION, compat_hash(other), other, 1, 0, "raw", "zmq"))
+    while not sock.poll(10):
+        receiver.poll(10)
+    assert isinstance(decode_header(sock.recv_multipart(copy=False)[0]), Refused)
+    sock.send_multipart([encode(KVChunk("r", 0, ((0, 2),), 0, 2)), b"\x7f" * 512, b"\x7f" * 512])
+    while receiver.stats.rejected_chunks == 0:
+        assert receiver.poll(10) == []
+    assert receiver.pending() == ["r"] and all(not t.any() for kv in caches for t in kv)
     sock.close()
