@@ -110,8 +110,8 @@ def raw_receiver_proc(conn) -> None:
 class KVCase:
     """One transport set up for one case: a receiver (child process) and a connected sender."""
 
-    def __init__(self, transport: str, conn, spec: KVSpec, num_blocks: int, run_length: int, case_no: int):
-        self.transport, self.conn, self.spec = transport, conn, spec
+    def __init__(self, transport: str, proc, conn, spec: KVSpec, num_blocks: int, run_length: int, case_no: int):
+        self.transport, self.pid, self.conn, self.spec = transport, proc.pid, conn, spec
         conn.send(("case", spec, num_blocks, case_no))
         self.address = conn.recv()
         self.sender = KVSender(spec, "bench", data_plane="gloo" if transport == "gloo" else "zmq")
@@ -138,8 +138,8 @@ class KVCase:
 
 
 class RawCase:
-    def __init__(self, sock: socket.socket, total: int, frame: int):
-        self.sock, self.total, self.frame = sock, total, frame
+    def __init__(self, proc, sock: socket.socket, total: int, frame: int):
+        self.pid, self.sock, self.total, self.frame = proc.pid, sock, total, frame
         self.source = memoryview(bytearray(os.urandom(total)))  # like the cache: distinct memory for every frame
 
     def time_one(self) -> float:
@@ -151,15 +151,28 @@ class RawCase:
         return time.perf_counter() - start
 
 
-def median_gbps(cases: dict, total: int, reps: int) -> dict[str, float]:
-    """Reps interleaved across transports, so load from elsewhere on the machine hits all alike."""
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (ZMQ's and gloo's I/O threads too)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(cases: dict, total: int, reps: int) -> dict[str, float]:
+    """Median GB/s per transport, and CPU seconds per GB (sender + receiver process) over all reps.
+
+    Reps are interleaved across transports, so load from elsewhere on the machine hits all alike."""
     times = {name: [] for name in cases}
+    cpu = dict.fromkeys(cases, 0.0)
     for rep in range(reps + 1):  # the first is warm-up (handshake, page faults)
         for name, case in cases.items():
+            before = time.process_time() + process_cpu_s(case.pid)
             t = case.time_one()
             if rep:
                 times[name].append(t)
-    return {name: total / statistics.median(ts) / 1e9 for name, ts in times.items()}
+                cpu[name] += time.process_time() + process_cpu_s(case.pid) - before
+    out = {name: total / statistics.median(ts) / 1e9 for name, ts in times.items()}
+    out.update({f"{name} cpu": cpu[name] / (reps * total / 1e9) for name in cases})
+    return out
 
 
 def start(target, *args):
@@ -170,7 +183,7 @@ def start(target, *args):
 
 
 def run(args) -> list[dict]:
-    procs = {t: start(receiver_proc, t, args.ipc_dir) for t in TRANSPORTS}
+    procs = {t: start(receiver_proc, t, args.ipc_dir) for t in TRANSPORTS}  # transport -> (process, pipe)
     raw_proc, raw_conn = start(raw_receiver_proc)
     raw_sock = socket.create_connection(("127.0.0.1", raw_conn.recv()))
     rows, case_no = [], 0
@@ -182,10 +195,10 @@ def run(args) -> list[dict]:
             case_no += 1
             frame = min(run_length, num_blocks) * block_bytes(spec)
             row = {"block_size": block_size, "run_length": run_length, "frame": frame, "total": total}
-            cases = {"raw-tcp": RawCase(raw_sock, total, frame)}
-            for transport, (_, conn) in procs.items():
-                cases[transport] = KVCase(transport, conn, spec, num_blocks, run_length, case_no)
-            row.update(median_gbps(cases, total, args.reps))
+            cases = {"raw-tcp": RawCase(raw_proc, raw_sock, total, frame)}
+            for transport, (proc, conn) in procs.items():
+                cases[transport] = KVCase(transport, proc, conn, spec, num_blocks, run_length, case_no)
+            row.update(measure(cases, total, args.reps))
             for name, case in cases.items():
                 if name != "raw-tcp":
                     case.sender.close()
@@ -203,7 +216,7 @@ def run(args) -> list[dict]:
 
 HEADER = (
     "| block tokens | run (blocks) | run KiB | transfer MiB | raw TCP GB/s | ZMQ-IPC GB/s | ZMQ-TCP GB/s "
-    "| gloo GB/s | ZMQ-TCP / raw |\n|---|---|---|---|---|---|---|---|---|"
+    "| gloo GB/s | ZMQ-TCP / raw | CPU s/GB raw | CPU s/GB ZMQ-TCP |\n|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -211,7 +224,7 @@ def table_row(r: dict) -> str:
     return (
         f"| {r['block_size']} | {r['run_length']} | {r['frame'] / 1024:.0f} | {r['total'] / 2**20:.0f} "
         f"| {r['raw-tcp']:.2f} | {r['zmq-ipc']:.2f} | {r['zmq-tcp']:.2f} | {r['gloo']:.2f} "
-        f"| {r['zmq-tcp'] / r['raw-tcp']:.0%} |"
+        f"| {r['zmq-tcp'] / r['raw-tcp']:.0%} | {r['raw-tcp cpu']:.2f} | {r['zmq-tcp cpu']:.2f} |"
     )
 
 
@@ -247,6 +260,7 @@ def markdown_section(args, rows: list[dict]) -> str:
         "GB/s = 1e9 bytes/s of K+V moved, "
         "timed from the first send until the sender sees the receiver's done",
         "- Baseline: raw TCP socket on 127.0.0.1, same bytes in frames of the same size, same run",
+        "- CPU s/GB: user + system seconds of the sending and the receiving process together, per GB moved",
         "",
         HEADER,
         *[table_row(r) for r in rows],
