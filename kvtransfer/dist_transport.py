@@ -20,6 +20,9 @@ memory only (a TCP connection per pair).
 
 from __future__ import annotations
 
+import queue
+import threading
+from concurrent.futures import Future
 from datetime import timedelta
 
 import torch
@@ -55,18 +58,50 @@ class DistPair:
             raise ValueError(f"unknown torch.distributed backend {backend!r}; use gloo or nccl")
         self.rank = rank
         self.peer = SENDER_RANK if rank == RECEIVER_RANK else RECEIVER_RANK
+        self._waiter = _Waiter()
 
-    def send(self, tensors: list[torch.Tensor], tag: int) -> list:
-        """Post one send per tensor (in order, same tag); returns the works to keep alive until complete."""
-        return [self.group.send([t.reshape(-1).view(torch.uint8)], self.peer, tag) for t in tensors]
+    def send(self, tensors: list[torch.Tensor], tag: int) -> Future:
+        """Post one send per tensor (in order, same tag); the future is done once all have left."""
+        works = [self.group.send([t.reshape(-1).view(torch.uint8)], self.peer, tag) for t in tensors]
+        return self._waiter.submit(works, tensors)
 
-    def recv(self, sizes: list[int], tag: int, device: torch.device) -> list[torch.Tensor]:
-        """Receive the next tensors with this tag, of these byte sizes, into fresh staging memory.
+    def post_recv(self, sizes: list[int], tag: int, device: torch.device) -> tuple[list[torch.Tensor], Future]:
+        """Post receives for the next tensors with this tag, of these byte sizes, into fresh staging memory.
 
-        All receives are posted before waiting, so they overlap. Staging, never the cache:
-        a transfer that fails halfway leaves no partial write behind."""
+        The future is done once all have arrived (its result() raises if one failed).
+        Staging, never the cache: a transfer that fails halfway leaves no partial write."""
         staging = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
         works = [self.group.recv([t], self.peer, tag) for t in staging]
-        for work in works:
-            work.wait()
-        return staging
+        return staging, self._waiter.submit(works, staging)
+
+    def close(self) -> None:
+        self._waiter.stop()
+
+
+class _Waiter:
+    """A daemon thread that waits on works in posting order and completes their futures.
+
+    gloo marks a send or receive complete only inside `wait()`, so polling
+    `is_completed()` from the engine loop would never see it finish."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="tandem-kv-pair-waiter", daemon=True).start()
+
+    def submit(self, works: list, keep_alive: list[torch.Tensor]) -> Future:
+        future: Future = Future()
+        self._queue.put((works, keep_alive, future))
+        return future
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            works, _keep_alive, future = item
+            try:
+                for work in works:
+                    work.wait()
+                future.set_result(None)
+            except Exception as e:  # noqa: BLE001 - handed to whoever polls the future
+                future.set_exception(e)

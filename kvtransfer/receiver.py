@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +48,8 @@ class _Sender:
     name: str
     last_seen: float
     pair: DistPair | None = None
+    # Chunks whose frames are still arriving over the pair, oldest first: (header, staging, future).
+    in_flight: deque = field(default_factory=deque)
 
 
 @dataclass
@@ -106,12 +109,17 @@ class KVReceiver(KVReceiverBase):
 
     def poll(self, timeout_ms: int = 0) -> list[TransferEvent]:
         events: list[TransferEvent] = []
+        if any(sender.in_flight for sender in self._senders.values()):
+            timeout_ms = min(timeout_ms, 1)  # pair receives complete without waking the ZMQ socket
         if self._sock.poll(timeout_ms):
             # Bounded, so heartbeats and deadlines still run under a steady stream of chunks.
             for _ in range(_MAX_MESSAGES_PER_POLL):
                 if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     break
                 self._handle(recv_parts(self._sock), events)
+        for identity, sender in list(self._senders.items()):
+            if identity in self._senders:  # landing one sender's chunks may forget another
+                self._land_dist_chunks(identity, sender, events)
         self._tick(events)
         return events
 
@@ -182,29 +190,56 @@ class KVReceiver(KVReceiverBase):
 
     def _on_chunk(self, identity, sender: _Sender, chunk: KVChunk, frames, events) -> None:
         res = self._reservations.get(chunk.request_id)
+        if res is not None:
+            res.contributors.add(identity)  # from now on its silence fails the request
         try:
             self._check_header(chunk, res, frames, sender)
-            if sender.pair is not None:
-                frames = self._recv_dist(chunk, sender.pair)
-            if res is None:
-                self.stats.dropped_chunks += 1
+        except FrameError as e:
+            self._reject(identity, sender, chunk, e, events)
+            return
+        if sender.pair is None:
+            self._land(identity, sender, chunk, frames, events)
+        else:
+            k_cache = self.kv_caches[chunk.layer][0]
+            sizes = [frame_nbytes(k_cache, length, chunk.num_heads) for length in chunk.frame_blocks()]
+            sender.in_flight.append((chunk, *sender.pair.post_recv(sizes, chunk.dist_tag, k_cache.device)))
+
+    def _land_dist_chunks(self, identity: bytes, sender: _Sender, events) -> None:
+        """Write the pair chunks whose frames have all arrived, in the order they were sent."""
+        while sender.in_flight and sender.in_flight[0][2].done():
+            chunk, staging, arrived = sender.in_flight.popleft()
+            try:
+                arrived.result()  # raises if a receive failed
+            except RuntimeError as e:
+                self._forget_sender(identity, f"sender {sender.name} gone ({self.dist_backend} pair: {e})", events)
                 return
+            self._land(identity, sender, chunk, staging, events)
+
+    def _land(self, identity: bytes, sender: _Sender, chunk: KVChunk, frames, events) -> None:
+        """Check the frames against the header and write them, or reject the chunk; never a partial write."""
+        res = self._reservations.get(chunk.request_id)
+        if res is None:
+            self.stats.dropped_chunks += 1
+            return
+        try:
             self._check_frames(chunk, frames)
-        except (FrameError, RuntimeError) as e:
-            self.stats.rejected_chunks += 1
-            logger.error("rejected a KV chunk of %s from %s: %s", chunk.request_id, sender.name, e)
-            if res is not None:
-                self._fail(chunk.request_id, f"rejected chunk: {e}", events)
-            if sender.pair is not None:
-                # The pair's byte stream is out of step with the headers: stop trusting this sender.
-                self._forget_sender(identity, f"sender {sender.name} sent a bad chunk", events)
+        except FrameError as e:
+            self._reject(identity, sender, chunk, e, events)
             return
         self._write(chunk, res, frames)
-        res.contributors.add(identity)
         if bool(res.covered.all()):
             del self._reservations[chunk.request_id]
             self._tell(res.contributors, TransferDone(chunk.request_id))
             events.append(TransferEvent(chunk.request_id, "done", sender.name))
+
+    def _reject(self, identity: bytes, sender: _Sender, chunk: KVChunk, error: Exception, events) -> None:
+        self.stats.rejected_chunks += 1
+        logger.error("rejected a KV chunk of %s from %s: %s", chunk.request_id, sender.name, error)
+        if chunk.request_id in self._reservations:
+            self._fail(chunk.request_id, f"rejected chunk: {error}", events)
+        if sender.pair is not None:
+            # The pair's byte stream is out of step with the headers: stop trusting this sender.
+            self._forget_sender(identity, f"sender {sender.name} sent a bad chunk", events)
 
     def _check_header(self, chunk: KVChunk, res: _Reservation | None, frames, sender: _Sender) -> None:
         expected_frames = 0 if sender.pair is not None else len(chunk.frame_blocks())
@@ -217,11 +252,6 @@ class KVReceiver(KVReceiverBase):
         for start, length in chunk.dst_runs:
             if length < 1 or (res is not None and any(b not in res.position for b in range(start, start + length))):
                 raise FrameError(f"blocks {start}..{start + length - 1} not reserved for {chunk.request_id}")
-
-    def _recv_dist(self, chunk: KVChunk, pair: DistPair) -> list[torch.Tensor]:
-        k_cache = self.kv_caches[chunk.layer][0]
-        sizes = [frame_nbytes(k_cache, length, chunk.num_heads) for length in chunk.frame_blocks()]
-        return pair.recv(sizes, chunk.dist_tag, k_cache.device)
 
     def _check_frames(self, chunk: KVChunk, frames) -> None:
         k_cache = self.kv_caches[chunk.layer][0]
@@ -258,11 +288,15 @@ class KVReceiver(KVReceiverBase):
                 self._fail(request_id, f"timed out after {self.timeouts.transfer_s}s", events)
 
     def _forget_sender(self, identity: bytes, reason: str, events: list[TransferEvent]) -> None:
-        """Fail every request this sender was filling; its later messages are rejected."""
+        """Fail every request this sender was filling; its later messages are rejected.
+
+        Receives still posted on its pair land in their staging tensors, never in the cache."""
         for request_id, res in list(self._reservations.items()):
             if identity in res.contributors:
                 self._fail(request_id, reason, events)
-        del self._senders[identity]
+        sender = self._senders.pop(identity, None)
+        if sender is not None and sender.pair is not None:
+            sender.pair.close()
 
     def _fail(self, request_id: str, reason: str, events: list[TransferEvent]) -> None:
         res = self._reservations.pop(request_id)

@@ -43,7 +43,7 @@ class _Link:
     last_seen: float
     pair: DistPair | None = None
     next_tag: int = 1
-    in_flight: list = field(default_factory=list)  # torch.distributed works not yet complete
+    in_flight: list = field(default_factory=list)  # futures of pair sends not yet complete
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,8 @@ class KVSender(KVSenderBase):
     def close(self) -> None:
         for link in self._links.values():
             link.sock.close(linger=0)
+            if link.pair is not None:
+                link.pair.close()
         self._links.clear()
 
     # -- connection --
@@ -180,7 +182,7 @@ class KVSender(KVSenderBase):
             send_message(link.sock, chunk, [as_bytes(t) for t in tensors])
         else:
             send_message(link.sock, chunk)
-            link.in_flight += link.pair.send(tensors, tag)
+            link.in_flight.append(link.pair.send(tensors, tag))
 
     # -- incoming messages and timers --
 
@@ -202,7 +204,7 @@ class KVSender(KVSenderBase):
     def _tick(self) -> None:
         now = self.clock()
         for link in self._links.values():
-            link.in_flight = [work for work in link.in_flight if not work.is_completed()]
+            link.in_flight = [sent for sent in link.in_flight if not sent.done()]
         if now >= self._next_heartbeat:
             for address in list(self._links):
                 held = tuple(r for r, by_peer in self._transfers.items() if address in by_peer)

@@ -97,10 +97,10 @@ def receiver_main(reply, address: str, dist_backend: str, stop_after_bytes: int 
             return
 
 
-def sender_main(reply, address: str, dst_blocks, num_layers: int) -> None:
+def sender_main(reply, address: str, dst_blocks, num_layers: int, data_plane: str = "zmq") -> None:
     """Send the first `num_layers` layers of request "r" into `dst_blocks`, report "sent", poll until killed."""
     caches = random_caches(SPEC, NUM_BLOCKS, seed=1)
-    sender = KVSender(SPEC, "test-sender", timeouts=FAST)
+    sender = KVSender(SPEC, "test-sender", data_plane=data_plane, timeouts=FAST)
     sender.send("r", SRC_BLOCKS, PeerTarget(address, tuple(dst_blocks)))
     for layer in range(num_layers):
         sender.send_layer("r", layer, *caches[layer])

@@ -90,14 +90,15 @@ def test_killed_receiver_lets_the_lease_expire_and_blocks_go_back(child):
     sender.close()
 
 
-def test_killed_sender_fails_the_request_and_frees_the_reservation(child):
+@pytest.mark.parametrize("data_plane", ["zmq", "gloo"])
+def test_killed_sender_fails_the_request_and_frees_the_reservation(data_plane, child):
     caches = zero_caches(SPEC, NUM_BLOCKS)
     receiver = KVReceiver(caches, SPEC, "tcp://127.0.0.1:0", timeouts=FAST)
     pool = BlockPool(NUM_BLOCKS)
     reserved = pool.allocate(len(DST_BLOCKS))
     reserved_ids = [b.block_id for b in reserved]
     receiver.recv("r", reserved_ids)
-    sender, reply = child(sender_main, receiver.address, reserved_ids, 1)
+    sender, reply = child(sender_main, receiver.address, reserved_ids, 1, data_plane)
     while reply.empty() or receiver.stats.bytes_written == 0:
         assert receiver.poll(50) == []
     os.kill(sender.pid, signal.SIGKILL)
