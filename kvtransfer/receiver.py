@@ -206,7 +206,7 @@ class KVReceiver(KVReceiverBase):
 
     def _land_dist_chunks(self, identity: bytes, sender: _Sender, events) -> None:
         """Write the pair chunks whose frames have all arrived, in the order they were sent."""
-        while sender.in_flight and sender.in_flight[0][2].done():
+        while identity in self._senders and sender.in_flight and sender.in_flight[0][2].done():
             chunk, staging, arrived = sender.in_flight.popleft()
             try:
                 arrived.result()  # raises if a receive failed
@@ -249,8 +249,11 @@ class KVReceiver(KVReceiverBase):
             raise FrameError(f"layer {chunk.layer} outside 0..{self.spec.num_layers - 1}")
         if chunk.num_heads < 1 or chunk.head_start < 0 or chunk.head_start + chunk.num_heads > self.local_heads:
             raise FrameError(f"heads {chunk.head_start}+{chunk.num_heads} outside our {self.local_heads}")
+        num_blocks = self.kv_caches[0][0].shape[0]
         for start, length in chunk.dst_runs:
-            if length < 1 or (res is not None and any(b not in res.position for b in range(start, start + length))):
+            if length < 1 or start < 0 or start + length > num_blocks:
+                raise FrameError(f"blocks {start}..{start + length - 1} outside our {num_blocks}")
+            if res is not None and any(b not in res.position for b in range(start, start + length)):
                 raise FrameError(f"blocks {start}..{start + length - 1} not reserved for {chunk.request_id}")
 
     def _check_frames(self, chunk: KVChunk, frames) -> None:

@@ -128,6 +128,7 @@ def _raw_sender(receiver) -> zmq.Socket:
         (((0, 2),), False, [512, 511], "frame of 511 bytes"),  # truncated V frame
         (((0, 2),), False, [512], "1 frames for 1 runs"),  # a frame missing
         (((0, 3),), False, [768, 768], "not reserved"),  # spills into a block that is not ours
+        (((2, 2**40),), False, [512, 512], "outside our 4"),  # absurd run: refused before any allocation
         (((1, 1), (0, 1)), True, [512, 500], "frame of 500 bytes"),  # truncated gathered frame
         (((1, 1), (0, 1)), True, [256, 256, 256, 256], "4 frames for 2 runs"),  # per-run frames, said gathered
     ],
