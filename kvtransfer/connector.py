@@ -13,7 +13,11 @@ Ownership:
 - Sender: from `send()` until that (request, peer) reports an event, the source
   blocks must stay allocated and unmodified (ZMQ reads them in place, without
   copies). Any event (`done`, `failed`, `expired`) ends the transfer: free then.
-  `expired` means the receiver's heartbeats stopped renewing the lease.
+  `expired` means the receiver's heartbeats stopped renewing the lease (the
+  link to a silent receiver is then closed, dropping its queued frames). After
+  `failed` or `expired`, frames still queued towards a live receiver may yet be
+  read from the freed blocks; the receiver drops chunks of requests it no
+  longer holds, so reusing those blocks cannot corrupt anyone's cache.
 - Receiver: from `recv()` until that request reports `done` or `failed`, the
   reserved blocks must not be reused. Writes happen only inside `poll()`, so
   after `failed` (or after `abort()` returns) no write into them is in flight.
