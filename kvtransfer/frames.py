@@ -4,6 +4,9 @@ A cache layer is [num_blocks, block_size, num_kv_heads, head_dim]; a run of
 consecutive block ids is one contiguous slice of it, so it goes out as one
 frame without a copy (unless only some heads are sent, or the cache is on a
 GPU: then it is first gathered into a contiguous host tensor, pinned for GPUs).
+Many short runs are instead gathered into one frame (`gather_runs`) and
+scattered back on arrival (`scatter_runs`). The receiver checks every frame's
+size against its header (`check_frame`) before writing any of it.
 """
 
 from __future__ import annotations
@@ -51,11 +54,7 @@ def run_tensor(cache: torch.Tensor, run: Run, head_start: int, num_heads: int, t
     t = cache[run.src_start : run.src_start + run.length]  # [length, block_size, num_kv_heads, head_dim]
     if num_heads != cache.shape[2]:
         t = t[:, :, head_start : head_start + num_heads]
-    if to_host and t.is_cuda:
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        host.copy_(t)
-        return host
-    return t.contiguous()
+    return _staged(t, to_host)
 
 
 def gather_runs(cache: torch.Tensor, runs, head_start: int, num_heads: int, to_host: bool) -> torch.Tensor:
@@ -64,11 +63,16 @@ def gather_runs(cache: torch.Tensor, runs, head_start: int, num_heads: int, to_h
     For short runs: one gather copy costs less than a frame (and its Python work) per run."""
     idx = torch.cat([torch.arange(r.src_start, r.src_start + r.length) for r in runs]).to(cache.device)
     t = cache[:, :, head_start : head_start + num_heads].index_select(0, idx)
+    return _staged(t, to_host)
+
+
+def _staged(t: torch.Tensor, to_host: bool) -> torch.Tensor:
+    """`t` contiguous; with `to_host`, a GPU tensor copied into pinned host memory (ZMQ sends host bytes)."""
     if to_host and t.is_cuda:
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t)
         return host
-    return t
+    return t.contiguous()
 
 
 def as_bytes(t: torch.Tensor) -> np.ndarray:
