@@ -26,6 +26,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,6 +83,8 @@ def receiver_proc(conn, transport: str, ipc_dir: str) -> None:
             receiver.recv(cmd[1], cmd[2])
             conn.send("ok")
         else:
+            if receiver is not None:
+                receiver.close()
             return
 
 
@@ -183,7 +186,12 @@ def start(target, *args):
 
 
 def run(args) -> list[dict]:
-    procs = {t: start(receiver_proc, t, args.ipc_dir) for t in TRANSPORTS}  # transport -> (process, pipe)
+    with tempfile.TemporaryDirectory(prefix="tandem-kv-bench-") as ipc_dir:
+        return run_in(args, ipc_dir)
+
+
+def run_in(args, ipc_dir: str) -> list[dict]:
+    procs = {t: start(receiver_proc, t, ipc_dir) for t in TRANSPORTS}  # transport -> (process, pipe)
     raw_proc, raw_conn = start(raw_receiver_proc)
     raw_sock = socket.create_connection(("127.0.0.1", raw_conn.recv()))
     rows, case_no = [], 0
@@ -281,7 +289,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--ipc-dir", default="/tmp")
     p.add_argument("--markdown", default=None, help="append a results section to this markdown file")
     return p.parse_args(argv)
 
