@@ -28,6 +28,7 @@ from kvtransfer.protocol import (
     Welcome,
     check_hello,
 )
+from kvtransfer.reservation import Reservation
 from kvtransfer.zmq_transport import bind_router, decode_header, recv_parts, send_message
 
 logger = logging.getLogger("tandem.kvtransfer")
@@ -50,15 +51,6 @@ class _Sender:
     pair: DistPair | None = None
     # Chunks whose frames are still arriving over the pair, oldest first: (header, staging, future).
     in_flight: deque = field(default_factory=deque)
-
-
-@dataclass
-class _Reservation:
-    block_ids: tuple[int, ...]
-    position: dict[int, int]  # block id -> index in block_ids
-    covered: torch.Tensor  # [num_layers, num_blocks, local_heads] bool: written so far
-    deadline: float
-    contributors: set[bytes] = field(default_factory=set)
 
 
 class KVReceiver(KVReceiverBase):
@@ -87,7 +79,7 @@ class KVReceiver(KVReceiverBase):
         self._ctx = zmq.Context.instance()
         self._sock, self.address = bind_router(self._ctx, address)
         self._senders: dict[bytes, _Sender] = {}
-        self._reservations: dict[str, _Reservation] = {}
+        self._reservations: dict[str, Reservation] = {}
         self._store = None
         self._store_address = ""
         self._pairs_made = 0
@@ -96,11 +88,8 @@ class KVReceiver(KVReceiverBase):
     def recv(self, request_id: str, block_ids) -> None:
         if request_id in self._reservations:
             raise ValueError(f"request {request_id} already has a reservation")
-        block_ids = tuple(int(b) for b in block_ids)
-        covered = torch.zeros(self.spec.num_layers, len(block_ids), self.local_heads, dtype=torch.bool)
-        self._reservations[request_id] = _Reservation(
-            block_ids, {b: i for i, b in enumerate(block_ids)}, covered, self.clock() + self.timeouts.transfer_s
-        )
+        deadline = self.clock() + self.timeouts.transfer_s
+        self._reservations[request_id] = Reservation.create(block_ids, self.spec.num_layers, self.local_heads, deadline)
 
     def abort(self, request_id: str, reason: str = "aborted by receiver") -> None:
         res = self._reservations.pop(request_id, None)
@@ -227,7 +216,7 @@ class KVReceiver(KVReceiverBase):
             self._reject(identity, sender, chunk, e, events)
             return
         self._write(chunk, res, frames)
-        if bool(res.covered.all()):
+        if res.complete:
             del self._reservations[chunk.request_id]
             self._tell(res.contributors, TransferDone(chunk.request_id))
             events.append(TransferEvent(chunk.request_id, "done", sender.name))
@@ -241,7 +230,7 @@ class KVReceiver(KVReceiverBase):
             # The pair's byte stream is out of step with the headers: stop trusting this sender.
             self._forget_sender(identity, f"sender {sender.name} sent a bad chunk", events)
 
-    def _check_header(self, chunk: KVChunk, res: _Reservation | None, frames, sender: _Sender) -> None:
+    def _check_header(self, chunk: KVChunk, res: Reservation | None, frames, sender: _Sender) -> None:
         expected_frames = 0 if sender.pair is not None else len(chunk.frame_blocks())
         if len(frames) != expected_frames:
             raise FrameError(f"{len(frames)} frames for {len(chunk.dst_runs)} runs (expected {expected_frames})")
@@ -253,7 +242,7 @@ class KVReceiver(KVReceiverBase):
         for start, length in chunk.dst_runs:
             if length < 1 or start < 0 or start + length > num_blocks:
                 raise FrameError(f"blocks {start}..{start + length - 1} outside our {num_blocks}")
-            if res is not None and any(b not in res.position for b in range(start, start + length)):
+            if res is not None and not res.holds(start, length):
                 raise FrameError(f"blocks {start}..{start + length - 1} not reserved for {chunk.request_id}")
 
     def _check_frames(self, chunk: KVChunk, frames) -> None:
@@ -261,7 +250,7 @@ class KVReceiver(KVReceiverBase):
         for frame, length in zip(frames, chunk.frame_blocks()):
             check_frame(_buffer(frame), k_cache, length, chunk.num_heads)
 
-    def _write(self, chunk: KVChunk, res: _Reservation, frames) -> None:
+    def _write(self, chunk: KVChunk, res: Reservation, frames) -> None:
         k_cache, v_cache = self.kv_caches[chunk.layer]
         heads = slice(chunk.head_start, chunk.head_start + chunk.num_heads)
         if chunk.gathered:
@@ -271,8 +260,7 @@ class KVReceiver(KVReceiverBase):
             if not chunk.gathered:
                 for cache, frame in ((k_cache, frames[2 * i]), (v_cache, frames[2 * i + 1])):
                     write_run(cache, _buffer(frame), start, length, chunk.head_start, chunk.num_heads)
-            first = res.position[start]
-            res.covered[chunk.layer, first : first + length, heads] = True
+            res.mark_written(chunk.layer, start, length, heads)
         self.stats.bytes_written += 2 * sum(frame_nbytes(k_cache, n, chunk.num_heads) for _, n in chunk.dst_runs)
 
     # -- timers --
