@@ -1,0 +1,39 @@
+"""Destination blocks reserved for one request on the decode side, and what has landed in them.
+
+A request is complete when every (layer, block, local head) has been written
+once, in whatever order chunks came: per layer, per prefill chunk, or from
+several prefill ranks each sending some heads (re-sharding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Reservation:
+    block_ids: tuple[int, ...]
+    deadline: float  # receiver clock time after which the transfer has timed out
+    position: dict[int, int]  # block id -> index in block_ids
+    covered: torch.Tensor  # [num_layers, len(block_ids), local_heads] bool: written so far
+    contributors: set[bytes] = field(default_factory=set)  # ZMQ identities of senders filling it
+
+    @classmethod
+    def create(cls, block_ids, num_layers: int, local_heads: int, deadline: float) -> "Reservation":
+        block_ids = tuple(int(b) for b in block_ids)
+        covered = torch.zeros(num_layers, len(block_ids), local_heads, dtype=torch.bool)
+        return cls(block_ids, deadline, {b: i for i, b in enumerate(block_ids)}, covered)
+
+    def holds(self, start: int, length: int) -> bool:
+        """Whether blocks [start, start + length) are all reserved here."""
+        return all(b in self.position for b in range(start, start + length))
+
+    def mark_written(self, layer: int, start: int, length: int, heads: slice) -> None:
+        first = self.position[start]
+        self.covered[layer, first : first + length, heads] = True
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.covered.all())
