@@ -122,6 +122,10 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         """Validate and queue a request; raises ValueError on bad input, leaving the engine untouched."""
+        self.scheduler.add_request(self.new_request(request_id, prompt, params))
+
+    def new_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> Request:
+        """Validate and register a request without queueing it (engine.remote_kv queues its own)."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
@@ -138,7 +142,7 @@ class LLMEngine:
         self._prompts[request_id] = text
         if self.tokenizer is not None:
             self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params)
-        self.scheduler.add_request(req)
+        return req
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request and free its blocks now. Returns False when it is unknown or already done."""
