@@ -19,6 +19,7 @@ owns this object; followers run forwards and receive their KV shards.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from engine.llm_engine import EngineArgs, EngineStepError, LLMEngine
@@ -67,7 +68,7 @@ class DecodeWorker:
         self.inbox = PullSocket((FirstToken, PrefillFailed), config.inbox_address)
         self.pushers = Pushers()
         self._stream_of: dict[str, str] = {}  # request id -> token stream address
-        self._kv_landed: set[str] = set()
+        self._kv_landed: dict[str, float] = {}  # request id -> when its KV landed (monotonic)
         self._first_token: dict[str, int] = {}
 
     # ---- control ----------------------------------------------------------
@@ -112,7 +113,7 @@ class DecodeWorker:
         """Land KV, read first tokens, admit what is complete, run one decode step, stream its tokens."""
         for event in self.receiver.poll(0):
             if event.kind == "done":
-                self._kv_landed.add(event.request_id)
+                self._kv_landed[event.request_id] = time.monotonic()
             else:
                 self._end_with_error(event.request_id, f"KV transfer failed: {event.reason}")
         for msg in self.inbox.poll(0):
@@ -123,6 +124,7 @@ class DecodeWorker:
                 self._end_with_error(msg.request_id, f"prefill failed: {msg.reason}")
         for request_id in [r for r in self._first_token if r in self._kv_landed]:
             self._admit(request_id)
+        self._expire_missing_first_tokens()
         if not self.engine.has_unfinished_requests():
             return False
         try:
@@ -144,9 +146,15 @@ class DecodeWorker:
 
     # ---- admission and streaming ------------------------------------------
     def _admit(self, request_id: str) -> None:
-        self._kv_landed.discard(request_id)
+        del self._kv_landed[request_id]
         token = self._first_token.pop(request_id)
         self._stream(admit_remote_kv(self.engine, request_id, token), already_streamed=1)
+
+    def _expire_missing_first_tokens(self) -> None:
+        """KV landed but the prefill worker's FirstToken never came (it died between the two): give up."""
+        deadline = time.monotonic() - self.config.timeouts.transfer_s
+        for request_id in [r for r, landed in self._kv_landed.items() if landed < deadline]:
+            self._end_with_error(request_id, f"no first token {self.config.timeouts.transfer_s}s after the KV landed")
 
     def _stream(self, out: RequestOutput, already_streamed: int = 0) -> None:
         completion = out.outputs[0]
@@ -170,7 +178,7 @@ class DecodeWorker:
         req = self.engine.requests.get(request_id)
         if request_id in self.receiver.pending():
             self.receiver.abort(request_id, reason)  # no write into its blocks after this
-        self._kv_landed.discard(request_id)
+        self._kv_landed.pop(request_id, None)
         self._first_token.pop(request_id, None)
         if req is None:
             self._stream_of.pop(request_id, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from engine.detokenizer import IncrementalDetokenizer
@@ -102,6 +103,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._prompts: dict[str, str | None] = {}
+        # Called with each non-empty schedule before its forward (a prefill worker starts KV transfers there).
+        self.before_forward: Callable[[SchedulerOutput], None] | None = None
         sc = config.scheduler
         logger.info(
             "engine ready: %s, %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
@@ -166,6 +169,8 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        if self.before_forward is not None:
+            self.before_forward(sched)
         try:
             batch = build_model_input(sched.scheduled, self.config.cache.block_size, self.config.device)
             sampled = self.runner.execute(batch)

@@ -3,9 +3,11 @@
 It batches the prompts of many requests (chunked prefill, prefix cache: the
 engine's scheduler), samples each one's first token, streams that token to
 the router at once, tells the decode worker (FirstToken on its inbox), and
-pushes the prompt's KV blocks into the blocks decode reserved, every layer
-after the step that completed the prompt (per-step sending; the sender's
-`positions` would allow chunk-by-chunk sending once blocks are reserved up front).
+pushes the prompt's KV blocks into the blocks decode reserved, layer by layer
+during the forward that completes the prompt: the transfer starts before that
+forward (`engine.before_forward`) and each layer goes out as soon as its
+attention has written it (`engine.layer_hook`), while the next layers compute.
+Earlier chunks of a chunked prompt are already in the cache and go out with it.
 
 Ownership: from `prefill()` the request's blocks belong to the engine until
 the step that samples its first token; from then on this worker holds them
@@ -20,10 +22,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from engine.layer_hook import install_layer_hook
 from engine.llm_engine import EngineArgs, EngineStepError, LLMEngine
 from engine.outputs import RequestOutput
 from engine.remote_kv import add_prefill_request, release_blocks
 from engine.request import Request
+from engine.scheduler import SchedulerOutput
 from kvtransfer.connector import PeerTarget, TransferTimeouts
 from kvtransfer.engine_bridge import kv_spec_for, sampling_params
 from kvtransfer.protocol import FirstToken, IncompatiblePeerError, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
@@ -48,6 +52,10 @@ class PrefillWorker:
         self._tasks: dict[str, PrefillTask] = {}
         self._held: dict[str, Request] = {}  # computing or transferring: blocks to release
         self._transferring: set[str] = set()
+        self._sending_now: list[str] = []  # transfers started for the forward under way
+        self._start_failed: dict[str, str] = {}  # request id -> why its transfer could not start
+        self.engine.before_forward = self._start_transfers
+        install_layer_hook(self.engine.runner, self._send_layer)
 
     # ---- control ----------------------------------------------------------
     def prefill(self, task: PrefillTask) -> None:
@@ -93,6 +101,8 @@ class PrefillWorker:
             for request_id in err.request_ids:
                 self._give_up(request_id, str(err))
             return True
+        finally:
+            self._sending_now = []
         for out in outputs:
             self._hand_over(out)
         return True
@@ -104,24 +114,43 @@ class PrefillWorker:
         self.pushers.close()
 
     # ---- handing a prompt to decode ---------------------------------------
+    def _start_transfers(self, sched: SchedulerOutput) -> None:
+        """Before a forward: open the transfer of every prompt this forward completes (its blocks are all allocated)."""
+        self._sending_now = []
+        for scheduled in sched.scheduled:
+            if not scheduled.samples:
+                continue  # a chunk that does not reach the prompt's end
+            req = scheduled.request
+            res = self._tasks[req.request_id].reservation
+            src_block_ids = [b.block_id for b in req.blocks[res.num_cached_blocks :]]
+            try:
+                self.sender.send(req.request_id, src_block_ids, PeerTarget(res.kv_address, res.block_ids))
+            except (IncompatiblePeerError, ConnectionError, ValueError) as err:
+                self._start_failed[req.request_id] = f"KV transfer could not start: {err}"
+                continue
+            self._sending_now.append(req.request_id)
+            self._transferring.add(req.request_id)
+
+    def _send_layer(self, layer: int) -> None:
+        """During the forward, right after `layer`'s KV of this step is in the cache."""
+        k_cache, v_cache = self.engine.runner.kv_caches[layer]
+        for request_id in self._sending_now:
+            self.sender.send_layer(request_id, layer, k_cache, v_cache)
+
     def _hand_over(self, out: RequestOutput) -> None:
+        """After the forward: the first token to the router's stream at once, and to decode's inbox."""
         request_id, token = out.request_id, out.new_token_ids[0]
-        task, req = self._tasks[request_id], self._held[request_id]
-        res = task.reservation
-        self.pushers.send(task.request.stream_address, TokenDelta(request_id, 0, (token,)))
-        self.pushers.send(res.inbox_address, FirstToken(request_id, token))
-        src_block_ids = [b.block_id for b in req.blocks[res.num_cached_blocks :]]
-        try:
-            self.sender.send(request_id, src_block_ids, PeerTarget(res.kv_address, res.block_ids))
-            for layer, (k_cache, v_cache) in enumerate(self.engine.runner.kv_caches):
-                self.sender.send_layer(request_id, layer, k_cache, v_cache)
-        except (IncompatiblePeerError, ConnectionError, ValueError) as err:
-            self.sender.abort(request_id, str(err))
-            self._give_up(request_id, f"KV transfer could not start: {err}")
+        failure = self._start_failed.pop(request_id, None)
+        if failure is not None:
+            self._give_up(request_id, failure)
             return
-        self._transferring.add(request_id)
+        task = self._tasks[request_id]
+        self.pushers.send(task.request.stream_address, TokenDelta(request_id, 0, (token,)))
+        self.pushers.send(task.reservation.inbox_address, FirstToken(request_id, token))
 
     def _give_up(self, request_id: str, reason: str) -> None:
+        if request_id in self._transferring:
+            self.sender.abort(request_id, reason)
         task = self._tasks.get(request_id)
         if task is not None:
             self.pushers.send(task.reservation.inbox_address, PrefillFailed(request_id, reason))
@@ -133,3 +162,4 @@ class PrefillWorker:
             release_blocks(self.engine, req)
         self._tasks.pop(request_id, None)
         self._transferring.discard(request_id)
+        self._start_failed.pop(request_id, None)

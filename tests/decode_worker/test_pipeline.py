@@ -37,9 +37,11 @@ def _workers(model_dir: str, decode_config=DecodeWorkerConfig(), decode_args=Non
         stream.close()
 
 
-def test_disaggregated_matches_transformers_and_reuses_prefixes(tiny_model_dirs):
+@pytest.mark.parametrize("prefill_budget", [2048, 16], ids=["whole_prompts", "chunked_prefill"])
+def test_disaggregated_matches_transformers_and_reuses_prefixes(tiny_model_dirs, prefill_budget):
     model_dir = tiny_model_dirs["llama"]
-    with _workers(model_dir) as (decode, prefill, stream):
+    prefill_args = _args(model_dir, max_num_batched_tokens=prefill_budget)
+    with _workers(model_dir, prefill_args=prefill_args) as (decode, prefill, stream):
         results, reservations = run_requests(stream, PROMPTS, lambda i: (decode, prefill))
         # A second wave on the same prefixes: decode keeps its cached blocks and receives only the rest.
         again = {f"again-{rid}": prompt for rid, prompt in PROMPTS.items()}

@@ -7,6 +7,7 @@ schedulers and block pools are the real ones. Every path ends with both pools al
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import EngineArgs, LLMEngine, SamplingParams
 from engine.remote_kv import (
@@ -143,3 +144,25 @@ def test_first_token_can_finish_the_request(engines):
     out = admit_remote_kv(decode, "one", 42)
     assert out.finished and out.outputs[0].finish_reason == "length" and out.new_token_ids == [42]
     assert _all_free(decode)
+
+
+def test_layer_hook_sees_each_layer_final_during_the_forward(tiny_model_dirs):
+    from engine.layer_hook import install_layer_hook
+
+    prefill = _engine(tiny_model_dirs["llama"])
+    req = add_prefill_request(prefill, "r", _BASE[:40], GREEDY)
+    seen = []  # (layer, copy of every layer's blocks of the request at that moment)
+
+    def on_layer_done(layer):
+        ids = [b.block_id for b in req.blocks]
+        seen.append((layer, [k[ids].clone() for k, _ in prefill.runner.kv_caches]))
+
+    install_layer_hook(prefill.runner, on_layer_done)
+    _run(prefill)
+    ids = [b.block_id for b in req.blocks]
+    final = [k[ids] for k, _ in prefill.runner.kv_caches]
+    assert [layer for layer, _ in seen] == [0, 1]  # one forward, layers in order
+    (_, at_layer_0), (_, at_layer_1) = seen
+    assert torch.equal(at_layer_0[0], final[0]) and not torch.equal(at_layer_0[1], final[1])  # 1 not yet written
+    assert torch.equal(at_layer_1[1], final[1])
+    release_blocks(prefill, req)
