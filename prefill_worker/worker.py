@@ -20,6 +20,7 @@ Tensor parallel later: rank 0 owns this object; followers run forwards only.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 from engine.layer_hook import install_layer_hook
@@ -52,6 +53,7 @@ class PrefillWorker:
         self._tasks: dict[str, PrefillTask] = {}
         self._held: dict[str, Request] = {}  # computing or transferring: blocks to release
         self._transferring: set[str] = set()
+        self.transfers_ended: Counter[str] = Counter()  # "done" / "failed" / "expired", for metrics
         self._sending_now: list[str] = []  # transfers started for the forward under way
         self._start_failed: dict[str, str] = {}  # request id -> why its transfer could not start
         self.engine.before_forward = self._start_transfers
@@ -90,6 +92,7 @@ class PrefillWorker:
     def step(self) -> bool:
         """Poll transfers, run one forward if any prompt is queued, hand over finished prompts."""
         for event in self.sender.poll(0):
+            self.transfers_ended[event.kind] += 1
             if event.kind != "done":
                 logger.warning("KV transfer of %s %s: %s", event.request_id, event.kind, event.reason)
             self._release(event.request_id)
