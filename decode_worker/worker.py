@@ -122,8 +122,9 @@ class DecodeWorker:
                     self._first_token[msg.request_id] = msg.token_id
             else:
                 self._end_with_error(msg.request_id, f"prefill failed: {msg.reason}")
-        for request_id in [r for r in self._first_token if r in self._kv_landed]:
-            self._admit(request_id)
+        room = self.engine.config.scheduler.max_num_seqs - len(self.engine.scheduler.running)
+        for request_id in [r for r in self._first_token if r in self._kv_landed][: max(room, 0)]:
+            self._admit(request_id)  # oldest first (dict order); the rest wait for a free seat in the batch
         self._expire_missing_first_tokens()
         if not self.engine.has_unfinished_requests():
             return False

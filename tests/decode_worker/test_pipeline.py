@@ -37,11 +37,13 @@ def _workers(model_dir: str, decode_config=DecodeWorkerConfig(), decode_args=Non
         stream.close()
 
 
-@pytest.mark.parametrize("prefill_budget", [2048, 16], ids=["whole_prompts", "chunked_prefill"])
-def test_disaggregated_matches_transformers_and_reuses_prefixes(tiny_model_dirs, prefill_budget):
+# Second case: prompts chunked on prefill, and 2 decode seats, so landed requests wait their turn.
+@pytest.mark.parametrize("prefill_budget, decode_seats", [(2048, 256), (16, 2)], ids=["plain", "chunked_two_seats"])
+def test_disaggregated_matches_transformers_and_reuses_prefixes(tiny_model_dirs, prefill_budget, decode_seats):
     model_dir = tiny_model_dirs["llama"]
     prefill_args = _args(model_dir, max_num_batched_tokens=prefill_budget)
-    with _workers(model_dir, prefill_args=prefill_args) as (decode, prefill, stream):
+    decode_args = _args(model_dir, max_num_seqs=decode_seats)
+    with _workers(model_dir, decode_args=decode_args, prefill_args=prefill_args) as (decode, prefill, stream):
         results, reservations = run_requests(stream, PROMPTS, lambda i: (decode, prefill))
         # A second wave on the same prefixes: decode keeps its cached blocks and receives only the rest.
         again = {f"again-{rid}": prompt for rid, prompt in PROMPTS.items()}
