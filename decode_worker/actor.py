@@ -10,8 +10,8 @@ from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
 
 
 class DecodeActor(LoopedActor):
-    def __init__(self, engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig()):
-        super().__init__(lambda: DecodeWorker(engine_args, config), config.name)
+    def __init__(self, engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(), torch_threads: int | None = 1):
+        super().__init__(lambda: DecodeWorker(engine_args, config), config.name, torch_threads)
 
     def reserve(self, payload: bytes) -> bytes:
         request = decode(payload, GenerateRequest)
@@ -21,9 +21,11 @@ class DecodeActor(LoopedActor):
         return encode(self.loop.call(lambda w: w.load()))
 
 
-def start_decode_actor(engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(), **options):
+def start_decode_actor(
+    engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(), torch_threads: int | None = 1, **options
+):
     """A Ray actor handle (Ray must be initialised); `options` go to `.options()` (resources, name...)."""
     import ray
 
     options.setdefault("num_cpus", 0)
-    return ray.remote(DecodeActor).options(**options).remote(engine_args, config)
+    return ray.remote(DecodeActor).options(**options).remote(engine_args, config, torch_threads)

@@ -154,7 +154,8 @@ class DecodeWorker:
     def _expire_missing_first_tokens(self) -> None:
         """KV landed but the prefill worker's FirstToken never came (it died between the two): give up."""
         deadline = time.monotonic() - self.config.timeouts.transfer_s
-        for request_id in [r for r, landed in self._kv_landed.items() if landed < deadline]:
+        overdue = [r for r, landed in self._kv_landed.items() if landed < deadline and r not in self._first_token]
+        for request_id in overdue:
             self._end_with_error(request_id, f"no first token {self.config.timeouts.transfer_s}s after the KV landed")
 
     def _stream(self, out: RequestOutput, already_streamed: int = 0) -> None:

@@ -7,7 +7,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def ray_session():
-    ray = pytest.importorskip("ray")
+    import ray
+
     ray.init(
         num_cpus=4,
         _node_ip_address="127.0.0.1",
