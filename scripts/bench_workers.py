@@ -21,6 +21,7 @@ import platform
 import random
 import statistics
 import subprocess
+import sys
 import time
 
 import ray
@@ -144,14 +145,15 @@ def main(argv=None) -> int:
     print(text)
     if args.markdown:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        command = " ".join(["python scripts/bench_workers.py", *(argv if argv is not None else sys.argv[1:])])
         with open(args.markdown, "a") as f:
             f.write(
-                f"\n## Workers: disaggregated vs colocated (`scripts/bench_workers.py`)\n\n"
+                f"\n### `{command}`\n\n"
                 f"Run of {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, on {machine_line()}.\n"
                 f"{args.requests} requests of {args.min_prompt}-{args.max_prompt} random prompt tokens, "
-                f"{args.output_tokens} greedy output tokens each, all started at once; {args.threads} torch threads "
-                f"in all. Model: `{os.path.basename(args.model)}`.\n\n"
-                f"    python scripts/bench_workers.py --markdown BENCHMARKS.md\n\n{text}\n"
+                f"{args.output_tokens} greedy output tokens each, all started at once. Torch threads: colocated "
+                f"actor {args.threads}, disaggregated {max(1, args.threads // 2)} per actor. "
+                f"Model: `{os.path.basename(args.model)}`.\n\n{text}\n"
             )
     return 0
 

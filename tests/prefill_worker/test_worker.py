@@ -82,3 +82,18 @@ def test_failed_and_expired_transfers_free_the_blocks(rig):
     assert [(e.request_id, e.kind) for e in events] == [("short", "failed")]
     assert worker.transfers_ended == {"failed": 1, "expired": 1}
     assert receiver.stats.dropped_chunks > 0 and worker.pool_all_free()
+
+
+def test_abort_while_queued_or_transferring_frees_at_once(rig):
+    _, worker, receiver, inbox, stream = rig
+    receiver.recv("moving", [5, 6])
+    with serving(receiver):
+        worker.prefill(_task("queued", PROMPTS["mid"], [1, 2], receiver, inbox, stream))
+        worker.abort("queued")  # before any forward
+        assert worker.is_idle() and worker.pool_all_free() and not worker.engine.requests
+        worker.prefill(_task("moving", PROMPTS["mid"], [5, 6], receiver, inbox, stream))
+        worker.step()  # forward done, every layer handed to the sender
+        assert worker.load().transferring == 1
+        worker.abort("moving")  # the sender tells the receiver; the blocks are ours to free now
+        assert worker.is_idle() and worker.pool_all_free()
+        assert worker.sender.pending() == []
