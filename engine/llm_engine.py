@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from engine.detokenizer import IncrementalDetokenizer
@@ -102,6 +103,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._prompts: dict[str, str | None] = {}
+        # Called with each non-empty schedule before its forward (a prefill worker starts KV transfers there).
+        self.before_forward: Callable[[SchedulerOutput], None] | None = None
         sc = config.scheduler
         logger.info(
             "engine ready: %s, %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
@@ -122,6 +125,10 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         """Validate and queue a request; raises ValueError on bad input, leaving the engine untouched."""
+        self.scheduler.add_request(self.new_request(request_id, prompt, params))
+
+    def new_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> Request:
+        """Validate and register a request without queueing it (engine.remote_kv queues its own)."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
@@ -138,7 +145,7 @@ class LLMEngine:
         self._prompts[request_id] = text
         if self.tokenizer is not None:
             self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params)
-        self.scheduler.add_request(req)
+        return req
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request and free its blocks now. Returns False when it is unknown or already done."""
@@ -162,6 +169,8 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        if self.before_forward is not None:
+            self.before_forward(sched)
         try:
             batch = build_model_input(sched.scheduled, self.config.cache.block_size, self.config.device)
             sampled = self.runner.execute(batch)

@@ -20,6 +20,7 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    WAITING_FOR_KV = "waiting_for_kv"  # decode role: blocks reserved, prompt KV arriving from a prefill worker
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
@@ -46,6 +47,8 @@ class Request:
     blocks: list[KVBlock] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # chain hashes of full token blocks
     stop_reason: int | str | None = None
+    # Prefill role: finishing leaves `blocks` held for a KV transfer; the caller frees them (engine.remote_kv).
+    hold_blocks: bool = False
 
     def __post_init__(self):
         self.sampling = SamplingState.create(

@@ -118,10 +118,11 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
-        """End a request (stop, length or abort) and return its blocks at once."""
+        """End a request (stop, length or abort) and return its blocks at once, unless it holds them for a transfer."""
         request.status = status
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        self.kv_cache.free(request)
+        if not request.hold_blocks:
+            self.kv_cache.free(request)

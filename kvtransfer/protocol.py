@@ -134,3 +134,106 @@ def check_hello(hello: Hello, local: KVSpec, local_tp: int) -> None:
         ]
         raise IncompatiblePeerError("incompatible KV cache: " + ("; ".join(diffs) or "compat hash differs"))
     check_tp_pair(local.num_kv_heads, hello.tp_size, local_tp)
+
+
+# ---- requests in, token deltas out (the workers' control and token-stream messages) ----
+#
+#   router ── GenerateRequest ──► decode.reserve ──► DecodeReservation | ReserveRefused
+#   router ── PrefillTask ──────► prefill ══ KV ══► decode
+#   prefill ── FirstToken | PrefillFailed ──► decode inbox (ZMQ PUSH/PULL)
+#   prefill ── TokenDelta(first token) ──► token stream;  decode ── TokenDelta ... finished ──► token stream
+
+
+@message
+class SamplingSpec:
+    """engine.SamplingParams on the wire (n is fanned out before: one request, one sequence)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+@message
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingSpec
+    stream_address: str  # the token-stream consumer's PULL socket
+
+
+@message
+class DecodeReservation:
+    """Decode's answer to a reserve: where the prompt's KV goes, or that decode prefills it itself."""
+
+    request_id: str
+    prefill_locally: bool  # short uncached prompt: decode computes it, no prefill worker involved
+    kv_address: str = ""  # the decode receiver's address
+    inbox_address: str = ""  # decode's PULL socket for FirstToken / PrefillFailed
+    block_ids: tuple[int, ...] = ()  # destination blocks, for prompt blocks num_cached_blocks onwards
+    num_cached_blocks: int = 0  # leading prompt blocks decode already holds (its prefix cache)
+
+
+@message
+class ReserveRefused:
+    request_id: str
+    reason: str
+    retryable: bool  # True: no free blocks now; False: the request can never run here
+
+
+@message
+class PrefillTask:
+    request: GenerateRequest
+    reservation: DecodeReservation
+
+
+@message
+class FirstToken:
+    request_id: str
+    token_id: int
+
+
+@message
+class PrefillFailed:
+    request_id: str
+    reason: str
+
+
+@message
+class TokenDelta:
+    """New output tokens of one request; the last one has `finished` and the usage counts."""
+
+    request_id: str
+    first_index: int  # output index of token_ids[0]: deltas from prefill and decode may cross
+    token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str = ""  # why an aborted request ended, when not by the client
+
+
+@message
+class WorkerLoad:
+    """What routing needs from a worker."""
+
+    name: str
+    waiting: int  # queued for compute, or for KV
+    running: int
+    transferring: int  # prefill: requests whose KV is still moving
+    free_blocks: int
+    total_blocks: int
+    prefix_cache_hit_rate: float

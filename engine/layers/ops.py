@@ -61,7 +61,8 @@ def make_cpu_linear(kernels) -> Callable[..., Tensor]:
         if rows == 1:
             out = torch.mv(weight, x[0])[None]
             return out if bias is None else out + bias
-        if rows <= SMALL_BATCH_ROWS and x.stride(-1) == 1:
+        # Zero rows (a step of prompt chunks that sample nothing has no logits rows) go to F.linear.
+        if 1 < rows <= SMALL_BATCH_ROWS and x.stride(-1) == 1:
             return kernels.small_linear(x, weight, bias)
         return F.linear(x, weight, bias)
 

@@ -82,7 +82,7 @@ def test_write_kv_cache_rejects_slot_outside_cache():
         kernels.write_kv_cache(kv, kv, cache, cache.clone(), torch.tensor([8]))
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 9])
+@pytest.mark.parametrize("rows", [0, 1, 3, 8, 9])  # 0: a step of prompt chunks that samples nothing
 def test_cpu_linear_matches_f_linear(rows):
     x, w, b = torch.randn(rows, 40), torch.randn(24, 40), torch.randn(24)
     _close(NATIVE.linear(x, w, b), F.linear(x, w, b), torch.float32)

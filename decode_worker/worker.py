@@ -1,0 +1,198 @@
+"""The decode worker: an engine in the decode role plus a KV receiver, streaming tokens over ZMQ.
+
+A request arrives as `reserve()`: short uncached prompts (below
+`local_prefill_threshold` tokens) are prefilled here like any engine request
+(colocated mode); the rest get blocks reserved (prefix-cache hits kept, only
+the missing blocks are transferred) and wait for their KV outside the running
+batch. Once the receiver reports the KV landed and the prefill worker's
+FirstToken is in the inbox, the request joins the continuous batch. Tokens
+go out as `TokenDelta`s to the request's stream address; the first one, when
+prefilled remotely, was already sent by the prefill worker.
+
+Ownership: the engine owns the reserved blocks (`engine.remote_kv`); before
+freeing a reservation this worker makes sure the receiver no longer writes
+into it (`receiver.abort`, or its failed event). Not thread-safe: drive it
+from one thread (`engine.step_loop.StepLoop`). Tensor parallel later: rank 0
+owns this object; followers run forwards and receive their KV shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from engine.llm_engine import EngineArgs, EngineStepError, LLMEngine
+from engine.outputs import RequestOutput
+from engine.remote_kv import (
+    NoFreeBlocks,
+    admit_remote_kv,
+    count_uncached_tokens,
+    fail_remote_kv,
+    reserve_remote_kv,
+    waiting_for_kv,
+)
+from kvtransfer.connector import TransferTimeouts
+from kvtransfer.engine_bridge import kv_spec_for, sampling_params
+from kvtransfer.protocol import (
+    DecodeReservation,
+    FirstToken,
+    GenerateRequest,
+    PrefillFailed,
+    ReserveRefused,
+    TokenDelta,
+    WorkerLoad,
+)
+from kvtransfer.receiver import KVReceiver
+from kvtransfer.token_stream import PullSocket, Pushers
+
+logger = logging.getLogger("tandem.decode")
+
+
+@dataclass(frozen=True)
+class DecodeWorkerConfig:
+    name: str = "decode-0"
+    kv_address: str = "tcp://127.0.0.1:0"
+    inbox_address: str = "tcp://127.0.0.1:0"
+    # Prompts with fewer uncached tokens than this are prefilled here (0: never; a huge value: colocated mode).
+    local_prefill_threshold: int = 0
+    timeouts: TransferTimeouts = TransferTimeouts()
+
+
+class DecodeWorker:
+    def __init__(self, engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig()):
+        self.config = config
+        self.engine = LLMEngine.from_args(engine_args, show_progress=False)
+        spec = kv_spec_for(self.engine.config)
+        self.receiver = KVReceiver(self.engine.runner.kv_caches, spec, config.kv_address, timeouts=config.timeouts)
+        self.inbox = PullSocket((FirstToken, PrefillFailed), config.inbox_address)
+        self.pushers = Pushers()
+        self._stream_of: dict[str, str] = {}  # request id -> token stream address
+        self._kv_landed: dict[str, float] = {}  # request id -> when its KV landed (monotonic)
+        self._first_token: dict[str, int] = {}
+
+    # ---- control ----------------------------------------------------------
+    def reserve(self, request: GenerateRequest) -> DecodeReservation | ReserveRefused:
+        """Take the request: prefill it here, or reserve blocks for KV from a prefill worker."""
+        request_id, prompt = request.request_id, list(request.prompt_token_ids)
+        try:
+            params = sampling_params(request.sampling)
+            if count_uncached_tokens(self.engine, prompt) < self.config.local_prefill_threshold:
+                self.engine.add_request(request_id, prompt, params)
+                self._stream_of[request_id] = request.stream_address
+                return DecodeReservation(request_id, prefill_locally=True)
+            res = reserve_remote_kv(self.engine, request_id, prompt, params)
+        except NoFreeBlocks as err:
+            return ReserveRefused(request_id, str(err), retryable=True)
+        except ValueError as err:
+            return ReserveRefused(request_id, str(err), retryable=False)
+        self.receiver.recv(request_id, res.transfer_block_ids)
+        self._stream_of[request_id] = request.stream_address
+        return DecodeReservation(
+            request_id, False, self.receiver.address, self.inbox.address, res.transfer_block_ids, res.num_cached_blocks
+        )
+
+    def abort(self, request_id: str) -> None:
+        self._end_with_error(request_id, "aborted by the client")
+
+    def load(self) -> WorkerLoad:
+        kv, sched = self.engine.kv_cache, self.engine.scheduler
+        return WorkerLoad(
+            self.config.name, len(sched.waiting) + len(waiting_for_kv(self.engine)), len(sched.running),
+            len(self.receiver.pending()), kv.num_free_blocks, kv.pool.num_blocks, kv.pool.hit_rate,
+        )  # fmt: skip
+
+    def is_idle(self) -> bool:
+        return not self.engine.requests and not self.receiver.pending()
+
+    def pool_all_free(self) -> bool:
+        return self.engine.kv_cache.num_free_blocks == self.engine.kv_cache.pool.num_blocks
+
+    # ---- the loop ---------------------------------------------------------
+    def step(self) -> bool:
+        """Land KV, read first tokens, admit what is complete, run one decode step, stream its tokens."""
+        for event in self.receiver.poll(0):
+            if event.kind == "done":
+                self._kv_landed[event.request_id] = time.monotonic()
+            else:
+                self._end_with_error(event.request_id, f"KV transfer failed: {event.reason}")
+        for msg in self.inbox.poll(0):
+            if isinstance(msg, FirstToken):
+                if msg.request_id in self.engine.requests:
+                    self._first_token[msg.request_id] = msg.token_id
+            else:
+                self._end_with_error(msg.request_id, f"prefill failed: {msg.reason}")
+        room = self.engine.config.scheduler.max_num_seqs - len(self.engine.scheduler.running)
+        for request_id in [r for r in self._first_token if r in self._kv_landed][: max(room, 0)]:
+            self._admit(request_id)  # oldest first (dict order); the rest wait for a free seat in the batch
+        self._expire_missing_first_tokens()
+        if not self.engine.has_unfinished_requests():
+            return False
+        try:
+            outputs = self.engine.step()
+        except EngineStepError as err:
+            for request_id in err.request_ids:
+                self._end_with_error(request_id, str(err))
+            return True
+        for out in outputs:
+            self._stream(out)
+        return True
+
+    def close(self) -> None:
+        for request_id in list(self.engine.requests):
+            self._end_with_error(request_id, "decode worker shut down")
+        self.receiver.close()
+        self.inbox.close()
+        self.pushers.close()
+
+    # ---- admission and streaming ------------------------------------------
+    def _admit(self, request_id: str) -> None:
+        del self._kv_landed[request_id]
+        token = self._first_token.pop(request_id)
+        self._stream(admit_remote_kv(self.engine, request_id, token), already_streamed=1)
+
+    def _expire_missing_first_tokens(self) -> None:
+        """KV landed but the prefill worker's FirstToken never came (it died between the two): give up."""
+        deadline = time.monotonic() - self.config.timeouts.transfer_s
+        overdue = [r for r, landed in self._kv_landed.items() if landed < deadline and r not in self._first_token]
+        for request_id in overdue:
+            self._end_with_error(request_id, f"no first token {self.config.timeouts.transfer_s}s after the KV landed")
+
+    def _stream(self, out: RequestOutput, already_streamed: int = 0) -> None:
+        completion = out.outputs[0]
+        new = out.new_token_ids[already_streamed:]
+        if not new and not out.finished:
+            return
+        delta = TokenDelta(
+            out.request_id,
+            len(completion.token_ids) - len(new),
+            tuple(new),
+            out.finished,
+            completion.finish_reason,
+            len(out.prompt_token_ids),
+            len(completion.token_ids),
+            out.num_cached_tokens,
+        )
+        self._send(delta)
+
+    def _end_with_error(self, request_id: str, reason: str) -> None:
+        """End the request wherever it is (waiting for KV, running, already gone) and free its blocks."""
+        req = self.engine.requests.get(request_id)
+        if request_id in self.receiver.pending():
+            self.receiver.abort(request_id, reason)  # no write into its blocks after this
+        self._kv_landed.pop(request_id, None)
+        self._first_token.pop(request_id, None)
+        if req is None:
+            self._stream_of.pop(request_id, None)
+            return
+        fail_remote_kv(self.engine, request_id)
+        n_out = len(req.output_token_ids)
+        self._send(TokenDelta(request_id, n_out, (), True, "abort", req.num_prompt_tokens, n_out,
+                              req.num_cached_tokens, reason))  # fmt: skip
+
+    def _send(self, delta: TokenDelta) -> None:
+        address = self._stream_of.get(delta.request_id)
+        if address is not None:
+            self.pushers.send(address, delta)
+        if delta.finished:
+            self._stream_of.pop(delta.request_id, None)

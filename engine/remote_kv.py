@@ -1,0 +1,121 @@
+"""Engine roles for disaggregated serving: prefill that hands its KV away, decode that takes KV in.
+
+Prefill role (`add_prefill_request` / `release_blocks`): the request runs its
+prompt (chunked, prefix-cached, batched with others as usual), samples its
+first token and finishes, but its blocks stay held (`Request.hold_blocks`):
+not freed, not reused, while the KV transfer reads them. Its full blocks are
+registered in the prefix cache at the same step as any request's, so later
+prompts hit them. The caller owns the held blocks from the step that finishes
+the request (or from `abort_request` / an `EngineStepError` naming it) and
+returns them with `release_blocks` once the transfer has ended (any
+`sender.poll()` event), or at once if no transfer started.
+
+Decode role (`reserve_remote_kv` / `admit_remote_kv` / `fail_remote_kv`): the
+request gets blocks for its whole prompt, local prefix-cache hits first, and
+waits in `WAITING_FOR_KV`, outside the scheduler's queues, so it never stalls
+the running batch. Once its KV has landed it joins the running batch with the
+prompt computed and the first token (sampled by the prefill worker) as its
+first output. The engine owns the reserved blocks from `reserve_remote_kv`;
+`fail_remote_kv` (or `abort_request`) frees them, after the caller has made
+sure no write into them is in flight (`receiver.abort` or a `failed` event).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.llm_engine import LLMEngine, Prompt
+from engine.outputs import RequestOutput
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+
+
+class NoFreeBlocks(RuntimeError):
+    """The decode engine cannot reserve the request's blocks now; retrying later may succeed."""
+
+
+@dataclass(frozen=True)
+class KVReservation:
+    request_id: str
+    block_ids: tuple[int, ...]  # every block of the prompt, in order
+    num_cached_blocks: int  # leading blocks already filled from our prefix cache: not transferred
+    num_uncached_tokens: int  # prompt tokens whose KV must come from elsewhere
+
+    @property
+    def transfer_block_ids(self) -> tuple[int, ...]:
+        return self.block_ids[self.num_cached_blocks :]
+
+
+# ---- prefill role --------------------------------------------------------
+
+
+def add_prefill_request(engine: LLMEngine, request_id: str, prompt: Prompt, params: SamplingParams) -> Request:
+    """Queue a prompt that ends after its first token, its blocks held for the caller (see module doc)."""
+    req = engine.new_request(request_id, prompt, params)
+    req.max_tokens = 1  # validated against the full max_tokens above; this engine only starts it
+    req.hold_blocks = True
+    engine.scheduler.add_request(req)
+    return req
+
+
+def release_blocks(engine: LLMEngine, req: Request) -> None:
+    """Return a held request's blocks (the transfer is over); its full blocks stay prefix-cached."""
+    if req.hold_blocks:
+        req.hold_blocks = False
+        engine.kv_cache.free(req)
+
+
+# ---- decode role ---------------------------------------------------------
+
+
+def count_uncached_tokens(engine: LLMEngine, prompt_token_ids: list[int]) -> int:
+    """Prompt tokens a new request would have to compute, given our prefix cache (a read-only probe)."""
+    probe = Request("", list(prompt_token_ids), SamplingParams(), max_tokens=1)
+    hits = engine.kv_cache.find_cached_prefix(probe)
+    return len(prompt_token_ids) - len(hits) * engine.kv_cache.block_size
+
+
+def reserve_remote_kv(engine: LLMEngine, request_id: str, prompt: Prompt, params: SamplingParams) -> KVReservation:
+    """Register the request and reserve blocks for its prompt; raise `NoFreeBlocks` (nothing kept) if full."""
+    req = engine.new_request(request_id, prompt, params)
+    kv = engine.kv_cache
+    cached = kv.find_cached_prefix(req)
+    num_cached_tokens = len(cached) * kv.block_size
+    if not kv.allocate_slots(req, req.num_prompt_tokens - num_cached_tokens, cached):
+        engine.abort_request(request_id)
+        raise NoFreeBlocks(
+            f"decode engine has {kv.num_free_blocks} free KV blocks, request {request_id} needs "
+            f"{-(-(req.num_prompt_tokens - num_cached_tokens) // kv.block_size)}"
+        )
+    req.status = RequestStatus.WAITING_FOR_KV
+    req.num_cached_tokens = num_cached_tokens
+    kv.pool.record_query(req.num_prompt_tokens, num_cached_tokens)
+    return KVReservation(
+        request_id,
+        tuple(b.block_id for b in req.blocks),
+        len(cached),
+        req.num_prompt_tokens - num_cached_tokens,
+    )
+
+
+def admit_remote_kv(engine: LLMEngine, request_id: str, first_token: int) -> RequestOutput:
+    """The prompt's KV has landed: join the running batch with `first_token` as the first output.
+
+    The returned output carries the first token; it may already be finished (EOS, max_tokens=1)."""
+    req = engine.requests[request_id]
+    if req.status != RequestStatus.WAITING_FOR_KV:
+        raise ValueError(f"request {request_id} is {req.status.value}, not waiting for KV")
+    req.num_computed_tokens = req.num_prompt_tokens
+    req.status = RequestStatus.RUNNING
+    engine.scheduler.running.append(req)
+    # Stop checks, detokenization and finishing are the engine's, as for a locally sampled token.
+    return engine._append_token(req, first_token, None)
+
+
+def fail_remote_kv(engine: LLMEngine, request_id: str) -> bool:
+    """End a request waiting for KV and free its reservation; the caller ensured no write is in flight."""
+    return engine.abort_request(request_id)
+
+
+def waiting_for_kv(engine: LLMEngine) -> list[str]:
+    return [rid for rid, req in engine.requests.items() if req.status == RequestStatus.WAITING_FOR_KV]

@@ -1,0 +1,34 @@
+"""Conversions between engine types and wire messages, for the workers (the router never imports this)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from engine.config import EngineConfig
+from engine.sampling_params import SamplingParams
+from kvtransfer.protocol import KVSpec, SamplingSpec
+
+
+def sampling_params(spec: SamplingSpec) -> SamplingParams:
+    """Validated engine params from the wire form; raises ValueError naming a bad field."""
+    return SamplingParams(**dataclasses.asdict(spec))
+
+
+def sampling_spec(params: SamplingParams) -> SamplingSpec:
+    if params.n != 1:
+        raise ValueError(f"one request is one sequence: fan n={params.n} out before sending")
+    return SamplingSpec(**{f.name: getattr(params, f.name) for f in dataclasses.fields(SamplingSpec)})
+
+
+def kv_spec_for(config: EngineConfig) -> KVSpec:
+    """What a KV sender and receiver built from these engine configs must agree on."""
+    model = config.model
+    return KVSpec(
+        model=os.path.basename(os.path.normpath(config.model_dir)),
+        dtype=str(config.dtype).removeprefix("torch."),
+        block_size=config.cache.block_size,
+        num_layers=model.num_layers,
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+    )

@@ -1,0 +1,121 @@
+"""ZMQ PUSH/PULL for small typed messages: token deltas to the router, first tokens to a decode inbox.
+
+Each message is one msgpack-encoded `kvtransfer.protocol` message (never
+pickle). A `Pushers` holds one PUSH per destination address and belongs to
+the thread that drives its worker; a `PullSocket` is bound by its reader.
+`TokenStream` is the consumer side the router reuses: it reassembles each
+request's tokens from deltas that may come from two workers, in any order.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import zmq
+
+from kvtransfer.codec import DecodeError, decode, encode
+from kvtransfer.protocol import TokenDelta
+
+logger = logging.getLogger("tandem.kvtransfer")
+
+
+class Pushers:
+    """One connected PUSH socket per destination; sends never block the step loop."""
+
+    def __init__(self, send_hwm: int = 100_000):
+        self._ctx = zmq.Context.instance()
+        self._socks: dict[str, zmq.Socket] = {}
+        self._send_hwm = send_hwm
+
+    def send(self, address: str, msg) -> bool:
+        """Queue `msg` for `address`; False (logged) when its queue is full: the reader is gone or stuck."""
+        sock = self._socks.get(address)
+        if sock is None:
+            sock = self._socks[address] = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)  # a worker shutting down still flushes its last deltas
+            sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+            sock.connect(address)
+        try:
+            sock.send(encode(msg), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            logger.error("dropped a %s for %s: its queue is full", type(msg).__name__, address)
+            return False
+
+    def close(self) -> None:
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()
+
+
+class PullSocket:
+    """A bound PULL that decodes only the `expected` message types; malformed input is logged and dropped."""
+
+    def __init__(self, expected: tuple[type, ...], address: str = "tcp://127.0.0.1:0"):
+        self.expected = expected
+        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(address)
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def poll(self, timeout_ms: int = 0, max_messages: int = 1024) -> list:
+        out = []
+        if not self._sock.poll(timeout_ms):
+            return out
+        while len(out) < max_messages:
+            try:
+                data = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                out.append(decode(data, self.expected))
+            except DecodeError as e:
+                logger.error("dropped a malformed message on %s: %s", self.address, e)
+        return out
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+@dataclass
+class StreamedRequest:
+    """One request's output as the consumer has it so far."""
+
+    tokens: dict[int, int] = field(default_factory=dict)  # output index -> token id
+    final: TokenDelta | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [self.tokens[i] for i in range(len(self.tokens))]
+
+    @property
+    def finished(self) -> bool:
+        # The final delta may overtake earlier ones from another worker: done once nothing is missing.
+        return self.final is not None and len(self.tokens) >= self.final.num_output_tokens
+
+
+class TokenStream:
+    """Binds a PULL for TokenDeltas; `poll` folds them into per-request `StreamedRequest`s."""
+
+    def __init__(self, address: str = "tcp://127.0.0.1:0"):
+        self._pull = PullSocket((TokenDelta,), address)
+        self.address = self._pull.address
+        self.requests: dict[str, StreamedRequest] = {}
+
+    def poll(self, timeout_ms: int = 0) -> list[TokenDelta]:
+        deltas = self._pull.poll(timeout_ms)
+        for delta in deltas:
+            req = self.requests.setdefault(delta.request_id, StreamedRequest())
+            for i, token in enumerate(delta.token_ids):
+                req.tokens[delta.first_index + i] = token
+            if delta.finished:
+                req.final = delta
+        return deltas
+
+    def finished(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        return req is not None and req.finished
+
+    def close(self) -> None:
+        self._pull.close()

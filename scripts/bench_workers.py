@@ -1,0 +1,162 @@
+"""Disaggregated (1 prefill + 1 decode actor) next to colocated (1 decode actor prefilling itself) on a local Ray.
+
+Same requests, same total torch threads: the colocated actor gets `--threads`
+threads, each disaggregated actor half of them. All requests are started at
+once through the handoff (`kvtransfer.handoff.start_request`); the client
+stamps each TokenDelta as it arrives on its ZMQ token stream. Reported: time
+to first token (submit to first token), inter-token latency (per request,
+first to last token over the gaps), wall time and output tokens/s. Each mode
+serves one short warm-up request before the timed batch.
+
+    python scripts/bench_workers.py                          # default model, print the table
+    python scripts/bench_workers.py --markdown BENCHMARKS.md # and append it
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+import ray
+
+from decode_worker.actor import start_decode_actor
+from decode_worker.worker import DecodeWorkerConfig
+from engine import EngineArgs, SamplingParams
+from engine.model_source import resolve_model
+from kvtransfer.engine_bridge import sampling_spec
+from kvtransfer.handoff import EncodedCalls, start_request
+from kvtransfer.protocol import GenerateRequest
+from kvtransfer.token_stream import TokenStream
+from prefill_worker.actor import start_prefill_actor
+
+MODES = ("colocated", "disaggregated")
+
+
+def endpoint(handle) -> EncodedCalls:
+    return EncodedCalls(lambda method, payload: ray.get(getattr(handle, method).remote(payload)))
+
+
+def workload(args) -> list[list[int]]:
+    rng = random.Random(args.seed)
+    return [[rng.randrange(10, 40000) for _ in range(rng.randint(args.min_prompt, args.max_prompt))]
+            for _ in range(args.requests)]  # fmt: skip
+
+
+def start_actors(mode: str, engine_args: EngineArgs, threads: int):
+    if mode == "colocated":
+        decode = start_decode_actor(engine_args, DecodeWorkerConfig(local_prefill_threshold=10**9), threads)
+        return decode, None, [decode]
+    half = max(1, threads // 2)
+    decode = start_decode_actor(engine_args, DecodeWorkerConfig(), half)
+    prefill = start_prefill_actor(engine_args, torch_threads=half)
+    return decode, prefill, [decode, prefill]
+
+
+def warm_up(stream: TokenStream, params, d_ep, p_ep, mode: str) -> None:
+    """One short request first: first-forward costs (page faults, kernel set-up) stay out of the timings."""
+    rid = f"{mode}-warm-up"
+    start_request(GenerateRequest(rid, tuple(range(10, 74)), params, stream.address), d_ep, p_ep)
+    while not stream.finished(rid):
+        stream.poll(5)
+
+
+def run_mode(mode: str, args, prompts) -> dict:
+    engine_args = EngineArgs(model=args.model, max_model_len=1024, num_kv_blocks=args.kv_blocks)
+    decode, prefill, actors = start_actors(mode, engine_args, args.threads)
+    stream = TokenStream()
+    params = sampling_spec(SamplingParams(temperature=0, max_tokens=args.output_tokens, ignore_eos=True))
+    try:
+        d_ep, p_ep = endpoint(decode), endpoint(prefill) if prefill else None
+        warm_up(stream, params, d_ep, p_ep, mode)
+        submitted, arrivals = {}, {}
+        start = time.perf_counter()
+        for i, prompt in enumerate(prompts):
+            rid = f"{mode}-{i}"
+            submitted[rid] = time.perf_counter()
+            start_request(GenerateRequest(rid, tuple(prompt), params, stream.address), d_ep, p_ep)
+        while not all(stream.finished(rid) for rid in submitted):
+            for delta in stream.poll(5):
+                if delta.token_ids:
+                    arrivals.setdefault(delta.request_id, []).append(time.perf_counter())
+        wall = time.perf_counter() - start
+    finally:
+        for actor in actors:
+            ray.get(actor.shutdown.remote())
+            ray.kill(actor, no_restart=True)
+        stream.close()
+    ttft = [arrivals[r][0] - submitted[r] for r in submitted]
+    itl = [(a[-1] - a[0]) / (args.output_tokens - 1) for a in arrivals.values()]
+    return {
+        "mode": mode,
+        "ttft_p50": statistics.median(ttft),
+        "ttft_max": max(ttft),
+        "itl_mean": statistics.mean(itl),
+        "wall": wall,
+        "tok_s": len(prompts) * args.output_tokens / wall,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| mode | TTFT p50 (s) | TTFT max (s) | ITL mean (ms) | wall (s) | output tok/s |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['ttft_p50']:.2f} | {r['ttft_max']:.2f} | {r['itl_mean'] * 1000:.0f} "
+                     f"| {r['wall']:.1f} | {r['tok_s']:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    return (f"{cpu}, {len(os.sched_getaffinity(0))} cores (shared: load average {os.getloadavg()[0]:.1f} at the end), "
+            f"Ray {ray.__version__}, Python {platform.python_version()}")  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="model dir or name (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--min-prompt", type=int, default=128)
+    p.add_argument("--max-prompt", type=int, default=512)
+    p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2, help="torch threads in all (split between the two actors)")
+    p.add_argument("--kv-blocks", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--markdown", default=None, help="append a results section to this markdown file")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.model = str(resolve_model(args.model))
+    prompts = workload(args)
+    ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, logging_level="WARNING",
+             log_to_driver=False)  # fmt: skip
+    try:
+        rows = [run_mode(mode, args, prompts) for mode in MODES]
+    finally:
+        ray.shutdown()
+    text = table(rows)
+    print(text)
+    if args.markdown:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        command = " ".join(["python scripts/bench_workers.py", *(argv if argv is not None else sys.argv[1:])])
+        with open(args.markdown, "a") as f:
+            f.write(
+                f"\n### `{command}`\n\n"
+                f"Run of {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, on {machine_line()}.\n"
+                f"{args.requests} requests of {args.min_prompt}-{args.max_prompt} random prompt tokens, "
+                f"{args.output_tokens} greedy output tokens each, all started at once. Torch threads: colocated "
+                f"actor {args.threads}, disaggregated {max(1, args.threads // 2)} per actor. "
+                f"Model: `{os.path.basename(args.model)}`.\n\n{text}\n"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

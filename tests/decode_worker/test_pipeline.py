@@ -1,0 +1,120 @@
+"""Prefill and decode workers on their own threads, real sockets, real engines, through the handoff (no Ray)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
+from engine import EngineArgs, SamplingParams
+from engine.step_loop import StepLoop
+from kvtransfer.handoff import HandoffError, HandoffTimeouts, abort_request, start_request
+from kvtransfer.token_stream import TokenStream
+from prefill_worker.worker import PrefillWorker
+from tests.conftest import hf_greedy
+from tests.e2e.harness import PROMPTS, LoopEndpoint, request, run_requests, wait_for
+
+
+def _args(model_dir: str, **kwargs) -> EngineArgs:
+    return EngineArgs(model=model_dir, max_model_len=256, **{"num_kv_blocks": 48, **kwargs})
+
+
+@contextlib.contextmanager
+def _workers(model_dir: str, decode_config=DecodeWorkerConfig(), decode_args=None, prefill_args=None):
+    """A prefill and a decode worker on StepLoops; checks both pools are all free before stopping them."""
+    prefill = StepLoop(lambda: PrefillWorker(prefill_args or _args(model_dir)), "prefill")
+    decode = StepLoop(lambda: DecodeWorker(decode_args or _args(model_dir), decode_config), "decode")
+    stream = TokenStream()
+    try:
+        yield LoopEndpoint(decode), LoopEndpoint(prefill), stream
+        for loop in (prefill, decode):
+            wait_for(lambda: loop.call(lambda w: w.is_idle()), f"{loop.name} to go idle")
+            assert loop.call(lambda w: w.pool_all_free()), f"{loop.name} leaked blocks"
+    finally:
+        prefill.stop()
+        decode.stop()
+        stream.close()
+
+
+# Second case: prompts chunked on prefill, and 2 decode seats, so landed requests wait their turn.
+@pytest.mark.parametrize("prefill_budget, decode_seats", [(2048, 256), (16, 2)], ids=["plain", "chunked_two_seats"])
+def test_disaggregated_matches_transformers_and_reuses_prefixes(tiny_model_dirs, prefill_budget, decode_seats):
+    model_dir = tiny_model_dirs["llama"]
+    prefill_args = _args(model_dir, max_num_batched_tokens=prefill_budget)
+    decode_args = _args(model_dir, max_num_seqs=decode_seats)
+    with _workers(model_dir, decode_args=decode_args, prefill_args=prefill_args) as (decode, prefill, stream):
+        results, reservations = run_requests(stream, PROMPTS, lambda i: (decode, prefill))
+        # A second wave on the same prefixes: decode keeps its cached blocks and receives only the rest.
+        again = {f"again-{rid}": prompt for rid, prompt in PROMPTS.items()}
+        results2, reservations2 = run_requests(stream, again, lambda i: (decode, prefill))
+        load = prefill.loop.call(lambda w: w.load())
+    for rid, prompt in PROMPTS.items():
+        expected = hf_greedy(model_dir, prompt, 8)
+        assert results[rid].token_ids == expected, rid
+        assert results2[f"again-{rid}"].token_ids == expected, rid
+        assert results[rid].final.finish_reason == "length" and results[rid].final.num_prompt_tokens == len(prompt)
+    assert not any(r.prefill_locally for r in reservations.values())
+    assert reservations2["again-long"].num_cached_blocks == len(PROMPTS["long"]) // 16
+    assert results2["again-long"].final.num_cached_tokens == 64
+    assert load.prefix_cache_hit_rate > 0 and load.free_blocks == load.total_blocks == 48
+
+
+def test_colocated_mode_gives_the_same_tokens(tiny_model_dirs):
+    model_dir = tiny_model_dirs["llama"]
+    # Below 20 uncached tokens decode prefills itself; above, the prefill worker does.
+    with _workers(model_dir, DecodeWorkerConfig(local_prefill_threshold=20)) as (decode, prefill, stream):
+        results, reservations = run_requests(stream, PROMPTS, lambda i: (decode, prefill))
+    assert {rid for rid, r in reservations.items() if r.prefill_locally} == {"tiny", "one-block"}
+    for rid, prompt in PROMPTS.items():
+        assert results[rid].token_ids == hf_greedy(model_dir, prompt, 8), rid
+
+
+def test_aborts_reach_both_sides_and_free_everything(tiny_model_dirs):
+    model_dir = tiny_model_dirs["llama"]
+    long_run = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    with _workers(model_dir) as (decode, prefill, stream):
+        # Waiting for KV that never comes (no prefill told): the client gives up.
+        reply = decode.reserve(request("orphan", PROMPTS["long"], stream))
+        assert not reply.prefill_locally
+        abort_request("orphan", decode, prefill)
+        # Decoding: cancelled after a few tokens.
+        start_request(request("chatty", PROMPTS["mid"], stream, long_run), decode, prefill)
+        wait_for(lambda: len(stream.requests.get("chatty", _Empty).tokens) >= 3, "tokens of chatty", stream=stream)
+        abort_request("chatty", decode, prefill)
+        wait_for(lambda: stream.finished("orphan") and stream.finished("chatty"), "final deltas", stream=stream)
+    for rid in ("orphan", "chatty"):
+        final = stream.requests[rid].final
+        assert final.finish_reason == "abort" and "client" in final.error
+    assert stream.requests["chatty"].final.num_output_tokens < 200
+
+
+class _Empty:
+    tokens: dict = {}
+
+
+def test_full_decode_waits_then_fails_clearly_never_hangs(tiny_model_dirs):
+    model_dir = tiny_model_dirs["llama"]
+    with _workers(model_dir, decode_args=_args(model_dir, num_kv_blocks=5)) as (decode, prefill, stream):
+        hog = decode.reserve(request("hog", PROMPTS["shared-b"], stream))  # 4 of 5 blocks
+        assert len(hog.block_ids) == 4
+        with pytest.raises(HandoffError, match="no decode room"):
+            start_request(request("late", PROMPTS["mid"], stream), decode, prefill, HandoffTimeouts(reserve_wait_s=0.2))
+        with pytest.raises(HandoffError, match="decode refused"):
+            start_request(request("huge", list(range(3, 99)), stream), decode, prefill)  # over 5 blocks' context
+        abort_request("hog", decode, prefill)
+        wait_for(lambda: stream.finished("hog"), "hog's final delta", stream=stream)
+        # Room again: the same request now runs.
+        results, _ = run_requests(stream, {"late": PROMPTS["mid"]}, lambda i: (decode, prefill))
+    assert results["late"].token_ids == hf_greedy(model_dir, PROMPTS["mid"], 8)
+
+
+def test_transfer_that_cannot_start_fails_the_request_on_decode(tiny_model_dirs):
+    model_dir = tiny_model_dirs["llama"]
+    # Decode caches 8-token blocks, prefill 16: the receiver refuses the sender's handshake.
+    decode_args = _args(model_dir, block_size=8, num_kv_blocks=96)
+    with _workers(model_dir, decode_args=decode_args) as (decode, prefill, stream):
+        start_request(request("mismatch", PROMPTS["mid"], stream), decode, prefill)
+        wait_for(lambda: stream.finished("mismatch"), "the failure to reach the stream", stream=stream)
+    final = stream.requests["mismatch"].final
+    assert final.finish_reason == "abort" and "block_size" in final.error
