@@ -51,6 +51,8 @@ def init_tp_group(parallel: ParallelConfig, device: str) -> TPGroup:
     host, port = parallel.host_port()
     backend = parallel.resolve_backend(device)
     timeout = timedelta(seconds=parallel.timeout_s)
+    if backend == "nccl" and torch.device(device).index is not None:
+        torch.cuda.set_device(torch.device(device))  # NCCL needs each rank on its own GPU
     dist.init_process_group(
         backend, init_method=f"tcp://{host}:{port}", world_size=parallel.tp_size, rank=parallel.rank, timeout=timeout
     )
