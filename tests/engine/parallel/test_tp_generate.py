@@ -1,5 +1,6 @@
 """Two real processes (gloo over loopback) run tiny models at tp_size 2: greedy tokens equal
-tp_size 1 and transformers, with chunked prefill and prefix caching on.
+tp_size 1 and transformers, with chunked prefill and prefix caching on, and
+prompt logits agree with transformers within float tolerance.
 
 One spawn runs every model in sequence (each spawn pays a torch import): llama
 (GQA, one KV head per rank), qwen2 (qkv bias) and qwen3 (q/k norm, a single KV
@@ -10,14 +11,22 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import dataclasses
+
+import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
 
 from engine import LLM, EngineArgs, SamplingParams
+from engine.model_input import build_model_input
 from engine.parallel.follower import TPFollower
+from engine.scheduler import ScheduledRequest
+from tests.conftest import hf_model
 from tests.engine.test_parity import MAX_NEW, PROMPTS, _reference
 
 TP = 2
@@ -43,6 +52,19 @@ def _generate_twice(llm: LLM) -> tuple[list[list[int]], list[list[int]], list[in
     return tokens(first), tokens(second), [o.num_cached_tokens for o in second]
 
 
+def _prompt_logits(engine) -> torch.Tensor:
+    """Logits at every position of PROMPTS[3], through rank 0's runner (so every rank runs the forward)."""
+    prompt = PROMPTS[3]
+    engine.add_request("logits", {"prompt_token_ids": prompt}, SamplingParams(max_tokens=1))
+    req = engine.requests["logits"]
+    assert engine.kv_cache.allocate_slots(req, len(prompt))
+    batch = build_model_input([ScheduledRequest.of(req, len(prompt))], engine.config.cache.block_size, "cpu")
+    every_row = dataclasses.replace(batch, logits_indices=torch.arange(len(prompt)))
+    logits = engine.runner.compute_logits(every_row)  # [num_tokens, vocab]
+    engine.abort_request("logits")
+    return logits
+
+
 def _run_rank(rank: int, model_dirs: dict[str, str], ports: list[int], out_dir: str) -> None:
     torch.set_num_threads(1)  # two ranks share two cores
     report = {}
@@ -50,6 +72,7 @@ def _run_rank(rank: int, model_dirs: dict[str, str], ports: list[int], out_dir: 
         tp_args = dict(tensor_parallel_size=TP, tensor_parallel_rank=rank, dist_init_addr=f"127.0.0.1:{port}")
         if rank == 0:
             llm = LLM(model_dirs[arch], **tp_args, **ENGINE_ARGS)
+            save_file({"logits": _prompt_logits(llm.engine)}, str(Path(out_dir, f"{arch}.logits")))
             first, second, cached = _generate_twice(llm)
             engine = llm.engine
             report[arch] = dict(
@@ -66,13 +89,23 @@ def _run_rank(rank: int, model_dirs: dict[str, str], ports: list[int], out_dir: 
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
 
 
+def _join(ranks, timeout_s: float) -> None:
+    """Wait for every rank; re-raises a rank's exception; kills both ranks when they hang."""
+    deadline = time.monotonic() + timeout_s
+    while not ranks.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"tensor-parallel ranks still running after {timeout_s} s")
+
+
 def test_tp2_greedy_matches_tp1_and_transformers(tiny_model_dirs, tmp_path):
-    ranks = mp.spawn(_run_rank, args=(tiny_model_dirs, _free_ports(len(ARCHS)), str(tmp_path)), nprocs=TP, join=False)
+    args = (tiny_model_dirs, _free_ports(len(ARCHS)), str(tmp_path))
+    ranks = mp.spawn(_run_rank, args=args, nprocs=TP, join=False, daemon=True)
     # The references are computed while the ranks load and run.
     expected = {arch: [list(r) for r in _reference(tiny_model_dirs[arch])] for arch in ARCHS}
     single = {arch: _generate_twice(LLM(tiny_model_dirs[arch], **ENGINE_ARGS)) for arch in ARCHS}
-    while not ranks.join(timeout=300):  # raises if a rank raised; timeout only bounds each wait
-        pass
+    _join(ranks, timeout_s=300)
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(TP))
     for arch in ARCHS:
         got = rank0[arch]
@@ -83,3 +116,6 @@ def test_tp2_greedy_matches_tp1_and_transformers(tiny_model_dirs, tmp_path):
         assert got["all_blocks_free"], arch
         assert rank1[arch]["steps"] >= 2 * MAX_NEW, arch  # the follower ran the steps of both passes
         assert got["kv_heads"] == rank1[arch]["kv_heads"] == 1, arch  # each rank caches only its KV head
+        with torch.inference_mode():
+            ref = hf_model(tiny_model_dirs[arch])(torch.tensor([PROMPTS[3]])).logits[0]
+        torch.testing.assert_close(load_file(tmp_path / f"{arch}.logits")["logits"], ref, atol=1e-4, rtol=1e-4)
