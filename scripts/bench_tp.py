@@ -3,7 +3,8 @@
 A random-weight Llama of a chosen size (no download: built with transformers
 from a config and saved as safetensors into a temp dir) serves one workload:
 `--batch` requests of `--prompt-len` random tokens, `--output-len` greedy
-tokens each (EOS ignored), all queued at once. tp=1 runs first in this process
+tokens each (EOS ignored), all queued at once; one untimed run, then the best
+(and median) of `--repeats` timed runs with fresh prompts of the same shapes. tp=1 runs first in this process
 with `tp * --threads` torch threads; then rank 0 runs here and ranks 1..tp-1 in
 spawned processes (gloo over loopback), each with `--threads` threads, so both
 use the same cores. Rank 0's greedy tokens must equal tp=1's.
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import random
 import socket
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -52,15 +55,24 @@ def run_follower(rank: int, model_dir: str, tp: int, addr: str, kwargs: dict, th
     TPFollower(engine_args.create_engine_config()).run()
 
 
-def bench(llm: LLM, workload: Workload, label: str) -> Result:
-    warmup = Workload("warmup", "", [workload.prompts[0][:16]], [4])
-    run_tandem(llm, warmup, progress=False)
-    result = run_tandem(llm, workload, progress=False)
-    result.engine = label
-    return result
+def make_workload(args, seed: int) -> Workload:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, 32000) for _ in range(args.prompt_len)] for _ in range(args.batch)]
+    return Workload(f"seed {seed}", "", prompts, [args.output_len] * args.batch)
 
 
-def bench_tp(model_dir: str, workload: Workload, args) -> Result:
+def bench(llm: LLM, args, label: str) -> list[Result]:
+    """One untimed run, then `--repeats` timed runs; each run has fresh prompts of the same shapes
+    (no prefix-cache hits). The first run in a process pays one-off costs (kernel selection for
+    new shapes, page faults); repeats show how much other work on the machine moved the numbers."""
+    run_tandem(llm, make_workload(args, seed=1000), progress=False)
+    results = [run_tandem(llm, make_workload(args, seed), progress=False) for seed in range(args.repeats)]
+    for r in results:
+        r.engine = label
+    return results
+
+
+def bench_tp(model_dir: str, args) -> list[Result]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         addr = f"127.0.0.1:{s.getsockname()[1]}"
@@ -74,32 +86,34 @@ def bench_tp(model_dir: str, workload: Workload, args) -> Result:
     torch.set_num_threads(args.threads)
     llm = LLM(model_dir, skip_tokenizer_init=True, tensor_parallel_size=args.tp, dist_init_addr=addr, **engine_kwargs(args))
     try:
-        return bench(llm, workload, f"tp={args.tp}")
+        return bench(llm, args, f"tp={args.tp}")
     finally:
         llm.engine.shutdown()
         for p in followers:
             p.join(timeout=60)
 
 
-def markdown(args, results: list[Result], same_tokens: bool) -> str:
-    base = results[0]
+def markdown(args, runs: dict[str, list[Result]], same_tokens: bool) -> str:
+    best = {label: min(results, key=lambda r: r.wall_s) for label, results in runs.items()}
+    base = best["tp=1"]
     rows = [
-        f"| {r.engine} | {r.output_tokens} | {r.wall_s:.2f} | {r.tok_s:.1f} | {r.mean_step_ms:.2f} | "
-        f"{r.tok_s / base.tok_s:.2f}x |"
-        for r in results
+        f"| {label} | {r.output_tokens} | {r.wall_s:.2f} | {statistics.median(x.wall_s for x in runs[label]):.2f} | "
+        f"{r.tok_s:.1f} | {r.mean_step_ms:.2f} | {r.tok_s / base.tok_s:.2f}x |"
+        for label, r in best.items()
     ]
     m = machine_info()
     return "\n".join([
         f"\n## Tensor parallel on CPU (`scripts/bench_tp.py`), {datetime.datetime.now():%Y-%m-%d %H:%M}\n",
         f"- Command: `python {' '.join(sys.argv)}`",
         f"- Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}; tp=1 with {args.tp * args.threads} threads, "
-        f"each tp rank {args.threads}",
+        f"each tp rank {args.threads}; load average before the run {LOAD_BEFORE}, after {os.getloadavg()[0]:.2f}",
         f"- Model: random Llama, hidden {args.hidden}, {args.layers} layers, {args.heads} heads / {args.kv_heads} KV heads, "
         f"intermediate {args.intermediate}, {args.dtype}",
-        f"- Workload: {args.batch} requests x {args.prompt_len} prompt tokens, {args.output_len} output tokens, greedy",
+        f"- Workload: {args.batch} requests x {args.prompt_len} prompt tokens, {args.output_len} output tokens, greedy; "
+        f"best of {args.repeats} runs after one warm-up run",
         f"- Greedy tokens of tp={args.tp} equal tp=1: {same_tokens}\n",
-        "| engine | output tokens | wall s | output tok/s | mean step ms | vs tp=1 |",
-        "|---|---|---|---|---|---|",
+        "| engine | output tokens | best wall s | median wall s | output tok/s (best) | mean step ms (best) | vs tp=1 |",
+        "|---|---|---|---|---|---|---|",
         *rows, "",
     ])
 
@@ -118,22 +132,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--kv-blocks", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per engine (best and median reported)")
     p.add_argument("--markdown", default=None, help="append a results section to this markdown file")
     return p.parse_args(argv)
 
 
+LOAD_BEFORE = f"{os.getloadavg()[0]:.2f}"  # other work on the machine skews both rows
+
+
 def main() -> None:
     args = parse_args()
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 32000) for _ in range(args.prompt_len)] for _ in range(args.batch)]
-    workload = Workload("tp", "", prompts, [args.output_len] * args.batch)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(Path(tmp), args)
         torch.set_num_threads(args.tp * args.threads)
-        single = bench(LLM(model_dir, skip_tokenizer_init=True, **engine_kwargs(args)), workload, "tp=1")
-        parallel = bench_tp(model_dir, workload, args)
-    same = single.extra["first_output_token_ids"] == parallel.extra["first_output_token_ids"]
-    section = markdown(args, [single, parallel], same)
+        single = bench(LLM(model_dir, skip_tokenizer_init=True, **engine_kwargs(args)), args, "tp=1")
+        parallel = bench_tp(model_dir, args)
+    tokens = lambda results: [r.extra["first_output_token_ids"] for r in results]  # noqa: E731
+    section = markdown(args, {"tp=1": single, f"tp={args.tp}": parallel}, tokens(single) == tokens(parallel))
     print(section)
     if args.markdown:
         with open(args.markdown, "a") as f:
