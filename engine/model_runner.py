@@ -88,6 +88,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ModelInput) -> torch.Tensor:
         """Hidden states of every token, [num_tokens, hidden_size]; writes this step's K/V."""
+        return self._forward(batch)
+
+    def _forward(self, batch: ModelInput) -> torch.Tensor:
         return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.attn_fn)
 
     @torch.inference_mode()
@@ -99,7 +102,7 @@ class ModelRunner:
         """
         if self._sender is not None:
             self._sender.send(batch)  # the other ranks run this same forward with us
-        hidden = self.forward(batch)
+        hidden = self._forward(batch)
         return self.model.compute_logits(hidden[batch.logits_indices]).float()
 
     def receive_step(self) -> ModelInput | None:
