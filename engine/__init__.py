@@ -15,6 +15,8 @@ _EXPORTS = {
     "ModelConfig": "engine.config",
     "CacheConfig": "engine.config",
     "SchedulerConfig": "engine.config",
+    "ParallelConfig": "engine.parallel.config",
+    "TPFollower": "engine.parallel.follower",
     "SamplingParams": "engine.sampling_params",
     "RequestOutput": "engine.outputs",
     "CompletionOutput": "engine.outputs",

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from engine.parallel.config import ParallelConfig, check_tensor_parallel
+
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -206,10 +208,15 @@ class EngineConfig:
     device: str = "cpu"
     attention_backend: str = "auto"
     seed: int = 0
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
         from engine.attention import BACKENDS, resolve_backend
         from engine.attention.triton_backend import check_triton_config
+
+        m = self.model
+        check_tensor_parallel(m.num_heads, m.num_kv_heads, m.intermediate_size, self.parallel.tp_size)
+        self.parallel.resolve_backend(self.device)
 
         if self.attention_backend not in BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {self.attention_backend!r}")

@@ -2,7 +2,9 @@
 
 Layout per layer: [num_blocks, block_size, num_kv_heads, head_dim]; a token's
 slot is block_id * block_size + offset, so a block is one contiguous run of
-memory (what the KV transfer ships).
+memory (what the KV transfer ships). Under tensor parallelism each rank's cache
+holds only its own KV heads (`num_kv_heads` below is the per-rank count; by
+default the model's), and every rank has the same number of blocks.
 """
 
 import logging
@@ -17,23 +19,24 @@ logger = logging.getLogger("tandem.engine")
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def block_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    return model.kv_bytes_per_token(dtype) * block_size
+def block_bytes(model: ModelConfig, block_size: int, dtype: torch.dtype, num_kv_heads: int | None = None) -> int:
+    heads = model.num_kv_heads if num_kv_heads is None else num_kv_heads
+    return model.kv_bytes_per_token(dtype) * block_size * heads // model.num_kv_heads
 
 
-def num_blocks_for(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype, device: str) -> int:
+def num_blocks_for(
+    model: ModelConfig, cache: CacheConfig, dtype: torch.dtype, device: str, num_kv_heads: int | None = None
+) -> int:
     """Blocks that fit the budget: explicit count, explicit bytes, or the device default."""
     if cache.num_kv_blocks is not None:
         return cache.num_kv_blocks
     budget = cache.kv_cache_memory
     if budget is None:
         budget = _default_budget(cache, device)
-    n = budget // block_bytes(model, cache.block_size, dtype)
+    size = block_bytes(model, cache.block_size, dtype, num_kv_heads)
+    n = budget // size
     if n < 1:
-        raise ValueError(
-            f"KV cache budget of {budget} bytes holds no block of "
-            f"{block_bytes(model, cache.block_size, dtype)} bytes; raise --kv-cache-memory"
-        )
+        raise ValueError(f"KV cache budget of {budget} bytes holds no block of {size} bytes; raise --kv-cache-memory")
     return int(n)
 
 
@@ -47,11 +50,17 @@ def _default_budget(cache: CacheConfig, device: str) -> int:
 
 
 def allocate_kv_caches(
-    model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str
+    model: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str,
+    num_kv_heads: int | None = None,
 ) -> KVCaches:
-    shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
+    heads = model.num_kv_heads if num_kv_heads is None else num_kv_heads
+    shape = (num_blocks, block_size, heads, model.head_dim)
     caches = [(_zeros(shape, dtype, device), _zeros(shape, dtype, device)) for _ in range(model.num_layers)]
-    total = 2 * model.num_layers * num_blocks * block_size * model.num_kv_heads * model.head_dim
+    total = 2 * model.num_layers * num_blocks * block_size * heads * model.head_dim
     logger.info(
         "KV cache: %d blocks of %d tokens = %d tokens max, %.1f MiB (%s, %s)",
         num_blocks,

@@ -19,6 +19,7 @@ from engine.log import configure_logging
 from engine.model_input import build_model_input
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, RequestOutput
+from engine.parallel.config import ParallelConfig
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -55,6 +56,12 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     attention_backend: str = "auto"
     seed: int = 0
+    # Tensor parallel: this process is rank `tensor_parallel_rank` of `tensor_parallel_size`;
+    # the ranks meet at dist_init_addr ("host:port"); backend "auto" = gloo on CPU, NCCL on CUDA.
+    tensor_parallel_size: int = 1
+    tensor_parallel_rank: int = 0
+    dist_init_addr: str = "127.0.0.1:29500"
+    dist_backend: str = "auto"
 
     def create_engine_config(self) -> EngineConfig:
         from engine.model_source import resolve_model
@@ -86,11 +93,22 @@ class EngineArgs:
             device=self.device,
             attention_backend=self.attention_backend,
             seed=self.seed,
+            parallel=ParallelConfig(
+                tp_size=self.tensor_parallel_size,
+                rank=self.tensor_parallel_rank,
+                init_addr=self.dist_init_addr,
+                backend=self.dist_backend,
+            ),
         )
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, show_progress: bool = True):
+        if config.parallel.rank != 0:
+            raise ValueError(
+                f"LLMEngine runs on tensor-parallel rank 0; rank {config.parallel.rank} runs "
+                "engine.parallel.follower.TPFollower"
+            )
         self.config = config
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model_dir)
         self.eos_token_ids = eos_token_ids_for(config.model_dir, config.model, self.tokenizer)
@@ -121,6 +139,10 @@ class LLMEngine:
     @classmethod
     def from_args(cls, args: EngineArgs, **kwargs) -> "LLMEngine":
         return cls(args.create_engine_config(), **kwargs)
+
+    def shutdown(self) -> None:
+        """Tensor parallel: stop the follower ranks' loops and leave the group. A no-op at tp_size 1."""
+        self.runner.shutdown()
 
     # ---- requests -------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:

@@ -3,6 +3,12 @@
 `execute(batch)` takes the flattened ragged batch of one step (prefill
 chunks and decode tokens mixed) and returns the sampled tokens of the
 sequences whose last token was in it.
+
+Tensor parallel (config.parallel.tp_size > 1): the runner joins the process
+group, loads only its rank's shard and allocates only its KV heads. On rank 0
+`execute` first broadcasts the batch; ranks > 0 (engine/parallel/follower.py)
+`receive_step` and `forward`. `shutdown()` releases the group (rank 0 first
+tells the followers to stop).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import logging
 import time
 
 import torch
+import torch.distributed as dist
 
 from engine.attention import select_backend
 from engine.config import EngineConfig
@@ -19,18 +26,22 @@ from engine.layers.rotary import RotaryEmbedding
 from engine.kv_cache import allocate_kv_caches, num_blocks_for
 from engine.model_input import ModelInput
 from engine.models import MODEL_REGISTRY
+from engine.parallel.group import SINGLE, TPGroup, destroy_tp_group, init_tp_group
+from engine.parallel.shard import num_kv_heads_per_rank
+from engine.parallel.step_broadcast import StepReceiver, StepSender
 from engine.sampler import Sampler, SamplerOutput
 from engine.weight_loader import load_weights
 
 logger = logging.getLogger("tandem.engine")
 
 
-def load_model(config: EngineConfig, show_progress: bool = True) -> torch.nn.Module:
+def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = SINGLE) -> torch.nn.Module:
+    """The model (this rank's shard of it under tensor parallelism) with its weights loaded."""
     cls = MODEL_REGISTRY[config.model.architecture]
     start = time.perf_counter()
     # Built on the meta device: no time spent on random init of weights we overwrite.
     with torch.device("meta"):
-        model = cls(config.model, max_positions=config.scheduler.max_model_len).to(config.dtype)
+        model = cls(config.model, max_positions=config.scheduler.max_model_len, tp=tp).to(config.dtype)
     model = model.to_empty(device=config.device).eval()
     model.tie_weights()  # to_empty() gives each parameter its own storage
     _rebuild_rotary_tables(model, config)
@@ -54,13 +65,33 @@ def _rebuild_rotary_tables(model: torch.nn.Module, config: EngineConfig) -> None
 class ModelRunner:
     def __init__(self, config: EngineConfig, show_progress: bool = True):
         self.config = config
-        self.model = load_model(config, show_progress)
-        self.num_blocks = num_blocks_for(config.model, config.cache, config.dtype, config.device)
+        self.tp = init_tp_group(config.parallel, config.device)
+        self.model = load_model(config, show_progress, self.tp)
+        kv_heads = num_kv_heads_per_rank(config.model.num_kv_heads, self.tp.size)
+        self.num_blocks = self._agree(num_blocks_for(config.model, config.cache, config.dtype, config.device, kv_heads))
         self.kv_caches = allocate_kv_caches(
-            config.model, self.num_blocks, config.cache.block_size, config.dtype, config.device
+            config.model, self.num_blocks, config.cache.block_size, config.dtype, config.device, kv_heads
         )
         self.attn_fn = select_backend(config.attention_backend, config.device)
         self.sampler = Sampler()
+        self._sender = StepSender(self.tp) if self.tp.size > 1 and self.tp.is_driver else None
+        self._receiver = StepReceiver(self.tp, config.device) if not self.tp.is_driver else None
+
+    def _agree(self, num_blocks: int) -> int:
+        """Every rank gets the fewest blocks any rank can hold: rank 0's block ids index all caches."""
+        if self.tp.size == 1:
+            return num_blocks
+        count = torch.tensor([num_blocks], dtype=torch.int64)
+        dist.all_reduce(count, op=dist.ReduceOp.MIN, group=self.tp.cpu_group)
+        return int(count.item())
+
+    @torch.inference_mode()
+    def forward(self, batch: ModelInput) -> torch.Tensor:
+        """Hidden states of every token, [num_tokens, hidden_size]; writes this step's K/V."""
+        return self._forward(batch)
+
+    def _forward(self, batch: ModelInput) -> torch.Tensor:
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.attn_fn)
 
     @torch.inference_mode()
     def compute_logits(self, batch: ModelInput) -> torch.Tensor:
@@ -69,8 +100,21 @@ class ModelRunner:
         Sampling always works in float32 (as vLLM's does); for bfloat16 models the
         cast also makes the argmax several times faster on CPU.
         """
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.attn_fn)
+        if self._sender is not None:
+            self._sender.send(batch)  # the other ranks run this same forward with us
+        hidden = self._forward(batch)
         return self.model.compute_logits(hidden[batch.logits_indices]).float()
+
+    def receive_step(self) -> ModelInput | None:
+        """Ranks > 0: the batch rank 0 broadcast for the next step; None when it shut down."""
+        return self._receiver.recv()
+
+    def shutdown(self) -> None:
+        """Leave the tensor-parallel group (rank 0 stops the followers first). Idempotent."""
+        if self._sender is not None:
+            self._sender.shutdown()
+            self._sender = None
+        destroy_tp_group(self.tp)
 
     @torch.inference_mode()
     def execute(self, batch: ModelInput) -> SamplerOutput:

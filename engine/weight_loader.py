@@ -1,8 +1,11 @@
-"""Load Hugging Face safetensors checkpoints into our fused-layout model, tensor by tensor.
+"""Load Hugging Face safetensors checkpoints into our fused, possibly sharded model, tensor by tensor.
 
-Checkpoint names map to (our parameter, row offset) pairs: q/k/v go into
-`qkv_proj` one after another, gate/up into `gate_up_proj`. Every tensor's
-shape is checked before it is copied; an error names the file and the tensor.
+Checkpoint names map to (our parameter, fused part) pairs: q/k/v are parts 0-2
+of `qkv_proj`, gate/up parts 0-1 of `gate_up_proj`. Under tensor parallelism
+each rank reads only its own rows (column-parallel) or columns (row-parallel)
+through safetensors slicing, never the full tensor; replicated parameters are
+read whole. Every tensor's full shape is checked before anything is copied; an
+error names the file and the tensor.
 """
 
 import json
@@ -12,7 +15,9 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-# checkpoint suffix -> (our module suffix, index of the shard in the fused matrix)
+from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+# checkpoint suffix -> (our module suffix, index of the part in the fused matrix)
 _FUSED = {
     "self_attn.q_proj": ("self_attn.qkv_proj", 0),
     "self_attn.k_proj": ("self_attn.qkv_proj", 1),
@@ -45,9 +50,8 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
 
 
 def load_weights(model: torch.nn.Module, model_dir: str | Path, show_progress: bool = True) -> None:
-    cfg = model.config
     params = dict(model.named_parameters(remove_duplicate=False))
-    shard_sizes = _fused_shard_sizes(cfg)
+    modules = dict(model.named_modules(remove_duplicate=False))
     loaded: set[str] = set()
     files = checkpoint_files(model_dir)
     total = sum(len(safe_open(f, "pt").keys()) for f in files)
@@ -55,57 +59,61 @@ def load_weights(model: torch.nn.Module, model_dir: str | Path, show_progress: b
         for path in files:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
-                    _load_one(name, f, path, params, shard_sizes, loaded)
+                    _load_one(name, f, path, params, modules, loaded)
                     bar.update(1)
-    _check_complete(params, loaded, cfg, model_dir)
+    _check_complete(params, modules, loaded, model.config, model_dir)
 
 
-def _fused_shard_sizes(cfg) -> dict[str, list[int]]:
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return {"self_attn.qkv_proj": [q, kv, kv], "mlp.gate_up_proj": [cfg.intermediate_size] * 2}
-
-
-def _target(name: str) -> tuple[str, str | None, int]:
-    """Checkpoint tensor name -> (our parameter name, fused module suffix or None, shard index)."""
+def _target(name: str) -> tuple[str, int]:
+    """Checkpoint tensor name -> (our parameter name, fused part index; 0 when not fused)."""
     ours = name.removeprefix("model.")
-    for suffix, (fused, shard) in _FUSED.items():
+    for suffix, (fused, part) in _FUSED.items():
         marker = f".{suffix}."
         if marker in ours:
-            return ours.replace(marker, f".{fused}."), fused, shard
-    return ours, None, 0
+            return ours.replace(marker, f".{fused}."), part
+    return ours, 0
 
 
-def _load_one(name, f, path, params, shard_sizes, loaded) -> None:
+def _load_one(name, f, path, params, modules, loaded) -> None:
     if name.endswith(_IGNORED_SUFFIXES):
         return
-    ours, fused, shard = _target(name)
+    ours, part = _target(name)
     if ours not in params:
         raise WeightLoadError(f"{path.name}: tensor {name!r} has no place in the model (expected {ours!r})")
-    param = params[ours]
-    tensor = f.get_tensor(name)
-    dest = param.data
-    if fused is not None:
-        sizes = shard_sizes[fused]
-        dest = dest.narrow(0, sum(sizes[:shard]), sizes[shard])
-    if tuple(tensor.shape) != tuple(dest.shape):
+    module = modules[ours.rpartition(".")[0]]
+    checkpoint = f.get_slice(name)
+    dest, full_shape, read = _shard_of(module, params[ours], part)
+    if tuple(checkpoint.get_shape()) != full_shape:
         raise WeightLoadError(
-            f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(dest.shape)}"
+            f"{path.name}: tensor {name!r} has shape {tuple(checkpoint.get_shape())}, model expects {full_shape}"
         )
-    dest.copy_(tensor)
-    loaded.add(f"{ours}#{shard}")
+    dest.copy_(read(checkpoint))
+    loaded.add(f"{ours}#{part}")
 
 
-def _num_shards(param_name: str, shard_sizes: dict[str, list[int]]) -> int:
-    fused = next((k for k in shard_sizes if f".{k}." in param_name), None)
-    return len(shard_sizes[fused]) if fused else 1
+def _shard_of(module, param, part: int):
+    """(where this rank's slice goes in `param`, the full checkpoint shape, how to read the slice)."""
+    dest = param.data
+    if isinstance(module, ColumnParallelLinear):
+        rows = module.parts[part]
+        dest = dest.narrow(0, module.offsets[part], rows.size)
+        return dest, (module.part_sizes[part], *dest.shape[1:]), lambda t: t[rows.start : rows.stop]
+    if isinstance(module, RowParallelLinear):
+        cols = module.in_slice
+        return dest, (dest.shape[0], module.in_features), lambda t: t[:, cols.start : cols.stop]
+    return dest, tuple(dest.shape), lambda t: t[:]
 
 
-def _check_complete(params, loaded, cfg, model_dir) -> None:
-    shard_sizes = _fused_shard_sizes(cfg)
+def _num_parts(param_name: str, modules) -> int:
+    module = modules[param_name.rpartition(".")[0]]
+    return len(module.parts) if isinstance(module, ColumnParallelLinear) else 1
+
+
+def _check_complete(params, modules, loaded, cfg, model_dir) -> None:
     missing = sorted(
         name
         for name in params
-        if any(f"{name}#{s}" not in loaded for s in range(_num_shards(name, shard_sizes)))
+        if any(f"{name}#{p}" not in loaded for p in range(_num_parts(name, modules)))
         and not (cfg.tie_word_embeddings and name == "lm_head.weight")
     )
     if missing:

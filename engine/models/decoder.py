@@ -4,6 +4,11 @@ Covers Llama, Mistral, Qwen2 (bias on q/k/v) and Qwen3 (RMSNorm on q and k per
 head, explicit head_dim). Q, K and V are one fused projection and gate/up
 another, so a layer runs two large matmuls instead of five; the weight loader
 fills the fused matrices from the separate Hugging Face tensors.
+
+Under tensor parallelism (`tp`, see engine/parallel) each rank builds the same
+model with its share of heads and intermediate features: QKV and gate/up are
+column-parallel, o_proj and down_proj row-parallel (all-reduced); the norms,
+the embedding and lm_head are replicated.
 """
 
 from dataclasses import dataclass
@@ -14,9 +19,12 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.config import ModelConfig
+from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.ops import TORCH_OPS, LayerOps
 from engine.layers.rotary import RotaryEmbedding
+from engine.parallel.group import SINGLE, TPGroup
+from engine.parallel.shard import even_slice, gate_up_slices, kv_head_slice, qkv_slices
 
 
 @dataclass(frozen=True)
@@ -30,14 +38,22 @@ class StepContext:
     ops: LayerOps
 
 
+def _all_reduce(tp: TPGroup):
+    return tp.all_reduce if tp.size > 1 else None
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """This rank's heads: num_heads / tp query heads and their KV heads (see engine/parallel/shard.py)."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.head_dim = hd = cfg.head_dim
+        q_heads = even_slice(cfg.num_heads, tp.size, tp.rank)
+        self.num_heads, self.num_kv_heads = q_heads.size, kv_head_slice(cfg.num_kv_heads, tp.size, tp.rank).size
+        q_size, kv_size = cfg.num_heads * hd, cfg.num_kv_heads * hd
+        slices = qkv_slices(cfg.num_heads, cfg.num_kv_heads, hd, tp.size, tp.rank)
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, (q_size, kv_size, kv_size), slices, cfg.qkv_bias)
+        self.o_proj = RowParallelLinear(q_size, q_heads.scaled(hd), cfg.hidden_size, _all_reduce(tp))
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -45,7 +61,7 @@ class Attention(nn.Module):
     def forward(self, ctx: StepContext, hidden, kv_cache):
         # hidden: [num_tokens, hidden_size]
         ops, qk_heads = ctx.ops, self.num_heads + self.num_kv_heads
-        qkv = ops.linear(hidden, self.qkv_proj.weight, self.qkv_proj.bias)
+        qkv = self.qkv_proj.project(ops, hidden)
         qkv = qkv.view(-1, qk_heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = qkv[:, : self.num_heads], qkv[:, self.num_heads : qk_heads]
@@ -54,28 +70,30 @@ class Attention(nn.Module):
         qk = ops.rotary(qkv, qk_heads, ctx.cos, ctx.signed_sin)  # [num_tokens, heads + kv_heads, dim]
         q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], qkv[:, qk_heads:]
         out = ctx.attn_fn(q, k, v, kv_cache[0], kv_cache[1], ctx.meta, self.scale)
-        return ops.linear(out.flatten(1), self.o_proj.weight)
+        return self.o_proj.project(ops, out.flatten(1))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        inter = cfg.intermediate_size
+        slices = gate_up_slices(inter, tp.size, tp.rank)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, (inter, inter), slices, bias=False)
+        self.down_proj = RowParallelLinear(inter, slices[0], cfg.hidden_size, _all_reduce(tp))
 
     def forward(self, ops: LayerOps, x):
-        gate_up = ops.linear(x, self.gate_up_proj.weight)  # [num_tokens, 2 * intermediate]
-        return ops.linear(ops.silu_and_mul(gate_up), self.down_proj.weight)
+        gate_up = self.gate_up_proj.project(ops, x)  # [num_tokens, 2 * intermediate / tp]
+        return self.down_proj.project(ops, ops.silu_and_mul(gate_up))
 
 
 class DecoderLayer(nn.Module):
     """Carries the residual stream beside the hidden state, so each residual add
     fuses with the norm that follows it (same sums as Hugging Face's layer)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.self_attn = Attention(cfg, tp)
+        self.mlp = MLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -92,16 +110,17 @@ class DecoderForCausalLM(nn.Module):
     """forward() returns hidden states; compute_logits() projects only the rows that sample.
 
     `ops` (the elementwise ops and linear) is chosen by the loader for the
-    device and dtype; the PyTorch ops are the default.
+    device and dtype; the PyTorch ops are the default. `tp` says which shard of
+    the layers this process holds (all of them by default).
     """
 
-    def __init__(self, cfg: ModelConfig, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup = SINGLE):
         super().__init__()
         self.config = cfg
         self.ops = TORCH_OPS
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()

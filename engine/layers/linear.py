@@ -1,0 +1,60 @@
+"""Tensor-parallel linear layers (Megatron-style); at tp_size 1 they are plain linears.
+
+Column-parallel: each rank holds some output rows (its q/k/v heads, its slice of
+the intermediate features) and needs no communication. Row-parallel: each rank
+holds the input columns matching the column-parallel layer before it, so its
+output is a partial sum, all-reduced in place right after `ops.linear`.
+
+Both are called through `project(ops, x)`, a plain method rather than
+`nn.Module.__call__`, so the single-process path pays no hook dispatch.
+The embedding and lm_head are not here: they stay replicated on every rank.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+from typing import Callable
+
+import torch
+from torch import nn
+
+from engine.layers.ops import LayerOps
+from engine.parallel.shard import Slice
+
+
+class ColumnParallelLinear(nn.Module):
+    """A fused linear (q|k|v or gate|up) holding, per fused part, this rank's slice of rows.
+
+    `part_sizes[i]` is the full row count of checkpoint part i; this rank's rows
+    `parts[i]` of it sit at rows [offsets[i], offsets[i] + parts[i].size) of `weight`.
+    """
+
+    def __init__(self, in_features: int, part_sizes: tuple[int, ...], parts: tuple[Slice, ...], bias: bool):
+        super().__init__()
+        self.in_features, self.part_sizes, self.parts = in_features, part_sizes, parts
+        self.offsets = tuple(accumulate((p.size for p in parts), initial=0))[:-1]
+        out_features = sum(p.size for p in parts)
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def project(self, ops: LayerOps, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias)  # [num_tokens, out_features of this rank]
+
+
+class RowParallelLinear(nn.Module):
+    """A linear without bias holding input columns `in_slice` of the full `in_features`.
+
+    `all_reduce` sums the partial outputs over the ranks in place; None at tp_size 1.
+    """
+
+    def __init__(self, in_features: int, in_slice: Slice, out_features: int, all_reduce: Callable | None):
+        super().__init__()
+        self.in_features, self.in_slice = in_features, in_slice
+        self.weight = nn.Parameter(torch.empty(out_features, in_slice.size))
+        self.all_reduce = all_reduce
+
+    def project(self, ops: LayerOps, x: torch.Tensor) -> torch.Tensor:
+        out = ops.linear(x, self.weight)  # [num_tokens, out_features], this rank's partial sum
+        if self.all_reduce is not None:
+            self.all_reduce(out)
+        return out
