@@ -156,12 +156,18 @@ void run(const torch::Tensor& query, const torch::Tensor& key_cache, const torch
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   T* o = out.data_ptr<T>();
   const SeqFn<T> fn = pick<T>(shape.dim);
-  at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
+  // Sequences are dealt out round-robin, not in contiguous ranges: the scheduler
+  // sorts decodes by length, so a contiguous split would give one thread all the
+  // long contexts.
+  const int64_t lanes = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_seqs));
+  at::parallel_for(0, lanes, 1, [&](int64_t lane_begin, int64_t lane_end) {
     std::vector<float> qf(per_seq), acc(per_seq), scores(shape.num_heads * shape.block_size);
-    for (int64_t s = begin; s < end; ++s) {
-      const Seq seq{tables + s * max_blocks, lens[s]};
-      fn(q + s * per_seq, kc, vc, seq, shape, static_cast<float>(scale), o + s * per_seq, qf.data(), acc.data(),
-         scores.data());
+    for (int64_t lane = lane_begin; lane < lane_end; ++lane) {
+      for (int64_t s = lane; s < num_seqs; s += lanes) {
+        const Seq seq{tables + s * max_blocks, lens[s]};
+        fn(q + s * per_seq, kc, vc, seq, shape, static_cast<float>(scale), o + s * per_seq, qf.data(), acc.data(),
+           scores.data());
+      }
     }
   });
 }
