@@ -4,8 +4,9 @@ One request's KV (all layers, K and V) moves from a sender in this process to a
 receiver in a spawned process, through the public `kvtransfer` API: handshake
 once, then per rep `send` + `send_layer` for every layer, timed until the
 sender sees the receiver's `done`. Block ids come in runs of `run length`
-consecutive blocks: a run of at least 256 KiB is one zero-copy frame, shorter
-runs are gathered into one frame per layer (`KVSender.gather_below_bytes`).
+consecutive blocks: a run of at least 256 KiB is one zero-copy frame (whole runs
+about 1 MiB per message, `KVSender.message_bytes`), shorter runs are gathered
+into one frame per layer (`KVSender.gather_below_bytes`).
 The baseline, measured in the same run, pushes the same bytes in frames of
 the run's size through a plain TCP socket on 127.0.0.1
 from a buffer of the whole transfer into another (as the KV moves between two
