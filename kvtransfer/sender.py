@@ -189,7 +189,8 @@ class KVSender(KVSenderBase):
                 send_message(link.sock, chunk, [as_bytes(t) for t in frames])
         else:
             tag, link.next_tag = link.next_tag, link.next_tag + 1
-            send_message(link.sock, KVChunk(request_id, layer, dst_runs, target.dst_head_start, num_heads, gathered, tag))
+            chunk = KVChunk(request_id, layer, dst_runs, target.dst_head_start, num_heads, gathered, tag)
+            send_message(link.sock, chunk)
             link.in_flight.append(link.pair.send(tensors, tag))
 
     def _runs_per_message(self, tensors) -> int:
