@@ -42,6 +42,7 @@ class ReceiverStats:
     refused_peers: int = 0
     dropped_chunks: int = 0  # for requests no longer expected (aborted, failed, done)
     bytes_written: int = 0
+    chunks_written: int = 0  # messages landed in the cache
 
 
 @dataclass
@@ -261,6 +262,7 @@ class KVReceiver(KVReceiverBase):
                 for cache, frame in ((k_cache, frames[2 * i]), (v_cache, frames[2 * i + 1])):
                     write_run(cache, _buffer(frame), start, length, chunk.head_start, chunk.num_heads)
             res.mark_written(chunk.layer, start, length, heads)
+        self.stats.chunks_written += 1
         self.stats.bytes_written += 2 * sum(frame_nbytes(k_cache, n, chunk.num_heads) for _, n in chunk.dst_runs)
 
     # -- timers --

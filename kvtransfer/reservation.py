@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 
 @dataclass
@@ -17,13 +17,15 @@ class Reservation:
     block_ids: tuple[int, ...]
     deadline: float  # receiver clock time after which the transfer has timed out
     position: dict[int, int]  # block id -> index in block_ids
-    covered: torch.Tensor  # [num_layers, len(block_ids), local_heads] bool: written so far
+    # [num_layers, len(block_ids), local_heads] bool: written so far. numpy, not torch: it is
+    # updated and checked once per arriving message, and numpy does that in a fraction of torch's time.
+    covered: np.ndarray
     contributors: set[bytes] = field(default_factory=set)  # ZMQ identities of senders filling it
 
     @classmethod
     def create(cls, block_ids, num_layers: int, local_heads: int, deadline: float) -> "Reservation":
         block_ids = tuple(int(b) for b in block_ids)
-        covered = torch.zeros(num_layers, len(block_ids), local_heads, dtype=torch.bool)
+        covered = np.zeros((num_layers, len(block_ids), local_heads), dtype=bool)
         return cls(block_ids, deadline, {b: i for i, b in enumerate(block_ids)}, covered)
 
     def holds(self, start: int, length: int) -> bool:

@@ -34,6 +34,8 @@ logger = logging.getLogger("tandem.kvtransfer")
 # Runs shorter than this on average are gathered into one frame per chunk: below it the
 # work per frame (Python, syscalls) costs more than one extra copy of the bytes.
 GATHER_BELOW_BYTES = 256 * 1024
+# Bytes of K + V per ZMQ message (whole runs; a longer run goes alone). See `_send_chunk`.
+MESSAGE_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -72,9 +74,10 @@ class KVSender(KVSenderBase):
         timeouts: TransferTimeouts = TransferTimeouts(),
         clock: Clock = time.monotonic,
         gather_below_bytes: int = GATHER_BELOW_BYTES,
+        message_bytes: int = MESSAGE_BYTES,
     ):
         self.spec, self.name, self.tp_size, self.tp_rank = spec, name, tp_size, tp_rank
-        self.gather_below_bytes = gather_below_bytes
+        self.gather_below_bytes, self.message_bytes = gather_below_bytes, message_bytes
         self.data_plane, self.timeouts, self.clock = data_plane, timeouts, clock
         self._ctx = zmq.Context.instance()
         self._links: dict[str, _Link] = {}
@@ -174,15 +177,26 @@ class KVSender(KVSenderBase):
                 for cache in (k_cache, v_cache)
             ]  # each [run length, block_size, num_heads, head_dim]
         dst_runs = tuple((run.dst_start, run.length) for run in runs)
-        tag = 0
-        if link.pair is not None:
-            tag, link.next_tag = link.next_tag, link.next_tag + 1
-        chunk = KVChunk(request_id, layer, dst_runs, target.dst_head_start, num_heads, gathered, tag)
         if link.pair is None:
-            send_message(link.sock, chunk, [as_bytes(t) for t in tensors])
+            # Zero-copy runs go out a few per message: the receiver gets a message only once all
+            # of it has arrived, so smaller messages let it copy each into the cache while the
+            # bytes are still in its CPU cache and while the next message is on the wire.
+            per_message = len(dst_runs) if gathered else self._runs_per_message(tensors)
+            for first in range(0, len(dst_runs), per_message):
+                part = dst_runs[first : first + per_message]
+                chunk = KVChunk(request_id, layer, part, target.dst_head_start, num_heads, gathered)
+                frames = tensors[2 * first : 2 * (first + len(part))]  # gathered: the 2 frames, K and V
+                send_message(link.sock, chunk, [as_bytes(t) for t in frames])
         else:
+            tag, link.next_tag = link.next_tag, link.next_tag + 1
+            chunk = KVChunk(request_id, layer, dst_runs, target.dst_head_start, num_heads, gathered, tag)
             send_message(link.sock, chunk)
             link.in_flight.append(link.pair.send(tensors, tag))
+
+    def _runs_per_message(self, tensors) -> int:
+        """Runs (K + V frames each) per ZMQ message so that a message holds about `message_bytes`."""
+        run_bytes = max(1, sum(t.nbytes for t in tensors) // (len(tensors) // 2))
+        return max(1, self.message_bytes // run_bytes)
 
     # -- incoming messages and timers --
 

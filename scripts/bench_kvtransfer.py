@@ -4,8 +4,9 @@ One request's KV (all layers, K and V) moves from a sender in this process to a
 receiver in a spawned process, through the public `kvtransfer` API: handshake
 once, then per rep `send` + `send_layer` for every layer, timed until the
 sender sees the receiver's `done`. Block ids come in runs of `run length`
-consecutive blocks: a run of at least 256 KiB is one zero-copy frame, shorter
-runs are gathered into one frame per layer (`KVSender.gather_below_bytes`).
+consecutive blocks: a run of at least 256 KiB is one zero-copy frame (whole runs
+about 1 MiB per message, `KVSender.message_bytes`), shorter runs are gathered
+into one frame per layer (`KVSender.gather_below_bytes`).
 The baseline, measured in the same run, pushes the same bytes in frames of
 the run's size through a plain TCP socket on 127.0.0.1
 from a buffer of the whole transfer into another (as the KV moves between two
@@ -36,6 +37,11 @@ from kvtransfer import KVReceiver, KVSender, KVSpec, PeerTarget
 
 TRANSPORTS = ("zmq-ipc", "zmq-tcp", "gloo")
 CTX = multiprocessing.get_context("spawn")
+# Poll timeouts of the harness's own loops. Both return as soon as a message arrives; 1 ms
+# timeouts had the waiting sender and every idle receiver wake 1000 times a second, which
+# on a 2-core machine took CPU from the transfer being timed (the raw side blocks in recv).
+WAIT_POLL_MS = 100
+COMMAND_POLL_MS = 20
 
 
 def spec_for(args, block_size: int) -> KVSpec:
@@ -68,7 +74,9 @@ def receiver_proc(conn, transport: str, ipc_dir: str) -> None:
     receiver = None
     while True:
         if receiver is not None:
-            receiver.poll(1)
+            # Wakes when a message arrives; the timeout only bounds how late a command is read
+            # (commands come before the timed part). Short timeouts would steal CPU from the run.
+            receiver.poll(COMMAND_POLL_MS)
         if not conn.poll(0 if receiver is not None else None):
             continue
         cmd = conn.recv()
@@ -133,8 +141,8 @@ class KVCase:
         for layer in range(self.spec.num_layers):
             self.sender.send_layer(request_id, layer, *self.src[layer])
         events = []
-        while not events:
-            events = self.sender.poll(1)
+        while not events:  # returns as soon as the receiver's answer arrives, like the raw side's recv
+            events = self.sender.poll(WAIT_POLL_MS)
         if events[0].kind != "done":
             raise RuntimeError(f"{self.transport}: transfer ended {events[0]}")
         return time.perf_counter() - start

@@ -185,6 +185,28 @@ def test_chunked_prefill_sends_blocks_as_they_are_computed():
         assert same_bits(k[4:7], k_src[0:3]) and same_bits(v[4:7], v_src[0:3])
 
 
+# Runs here average 683 bytes of K + V: 1400 bytes make messages of 2 runs.
+@pytest.mark.parametrize("message_bytes,runs_per_message", [(1, 1), (1400, 2), (2**30, 3)])
+def test_zero_copy_runs_are_split_into_messages(message_bytes, runs_per_message):
+    """Runs of a layer go out `message_bytes` at a time (whole runs); the cache ends up the same."""
+    caches = zero_caches(SPEC, 8)
+    receiver = KVReceiver(caches, SPEC, LOOPBACK)
+    receiver.recv("r", [5, 6, 0, 3])
+    sender = KVSender(SPEC, "p0", gather_below_bytes=0, message_bytes=message_bytes)  # blocks of 256 bytes
+    src = random_caches(SPEC, 8, seed=9)
+    with serving(receiver) as events:
+        sender.send("r", [1, 2, 7, 4], PeerTarget(receiver.address, (5, 6, 0, 3)))  # runs of 2, 1, 1 blocks
+        for layer in range(SPEC.num_layers):
+            sender.send_layer("r", layer, *src[layer])
+        (event,) = poll_until_event(sender, 400, 10)
+    assert event.kind == "done" and [e.kind for e in events] == ["done"]
+    assert receiver.stats.chunks_written == SPEC.num_layers * -(-3 // runs_per_message)
+    for (k, v), (k_src, v_src) in zip(caches, src):
+        assert same_bits(k[[5, 6, 0, 3]], k_src[[1, 2, 7, 4]]) and same_bits(v[[5, 6, 0, 3]], v_src[[1, 2, 7, 4]])
+    sender.close()
+    receiver.close()
+
+
 def test_late_chunks_of_an_ended_request_never_touch_its_blocks():
     caches = zero_caches(SPEC, 4)
     receiver = KVReceiver(caches, SPEC, LOOPBACK)
