@@ -20,7 +20,9 @@ from pathlib import Path
 
 logger = logging.getLogger("tandem.engine")
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_decode.cpp", "layer_ops.cpp", "small_linear.cpp")]
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "layer_ops.cpp", "small_linear.cpp")]
+_HEADERS = [_CSRC / "float_types.h"]
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]
 
 
@@ -47,6 +49,6 @@ def _module_name() -> str:
     # Named by a hash of the sources and flags: two checkouts (or versions) never
     # overwrite each other's build in the shared extensions cache.
     digest = hashlib.blake2b(" ".join(_FLAGS).encode(), digest_size=6)
-    for source in _SOURCES:
+    for source in _SOURCES + _HEADERS:
         digest.update(source.read_bytes())
     return f"tandem_cpu_kernels_{digest.hexdigest()}"

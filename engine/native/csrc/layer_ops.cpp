@@ -15,18 +15,16 @@
 #include <cstdint>
 #include <cstring>
 
+#include "float_types.h"
+
 namespace {
 
 constexpr int64_t kMaxRow = 8192;  // widest hidden size a row buffer holds
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kTokensPerTask = 16;
 
-inline float to_float(float v) { return v; }
-inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
-
-// Rounds a float the way a PyTorch op producing dtype T would.
-template <typename T>
-inline float round_as(float v) { return to_float(static_cast<T>(v)); }
+using tandem::round_as;
+using tandem::to_float;
 
 template <typename T>
 void norm_row(const T* x, const T* w, float eps, T* out, int64_t dim) {
@@ -57,16 +55,7 @@ void for_tokens(int64_t num_tokens, Fn&& fn) {
   });
 }
 
-template <typename Fn>
-void dispatch(const torch::Tensor& x, const char* name, Fn&& fn) {
-  if (x.scalar_type() == torch::kFloat) {
-    fn(float{});
-  } else if (x.scalar_type() == torch::kBFloat16) {
-    fn(c10::BFloat16{});
-  } else {
-    TORCH_CHECK(false, name, " supports float32 and bfloat16");
-  }
-}
+using tandem::dispatch_float_bf16;
 
 }  // namespace
 
@@ -74,7 +63,7 @@ void dispatch(const torch::Tensor& x, const char* name, Fn&& fn) {
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   check_rows(x, weight);
   auto out = torch::empty({x.size(0), x.size(1)}, x.options());
-  dispatch(x, "rms_norm", [&](auto zero) {
+  dispatch_float_bf16(x, "rms_norm", [&](auto zero) {
     using T = decltype(zero);
     const T* xs = x.data_ptr<T>();
     const T* w = weight.data_ptr<T>();
@@ -91,7 +80,7 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
   TORCH_CHECK(residual.is_contiguous() && residual.sizes() == x.sizes(), "residual must be contiguous like x");
   TORCH_CHECK(residual.scalar_type() == x.scalar_type(), "x and residual must share a dtype");
   auto out = torch::empty_like(residual);
-  dispatch(x, "add_rms_norm", [&](auto zero) {
+  dispatch_float_bf16(x, "add_rms_norm", [&](auto zero) {
     using T = decltype(zero);
     const T* xs = x.data_ptr<T>();
     const T* w = weight.data_ptr<T>();
@@ -120,7 +109,7 @@ torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, tor
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && signed_sin.scalar_type() == x.scalar_type(),
               "cos/sin must have the dtype of x");
   TORCH_CHECK(cos.numel() == x.size(0) * x.size(2), "cos/sin must be [tokens, head_dim]");
-  dispatch(x, "rotary_", [&](auto zero) {
+  dispatch_float_bf16(x, "rotary_", [&](auto zero) {
     using T = decltype(zero);
     T* xs = x.data_ptr<T>();
     const T* cs = cos.data_ptr<T>();
@@ -154,7 +143,7 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
               "gate_up must be contiguous [tokens, 2 * intermediate]");
   const int64_t inter = gate_up.size(1) / 2;
   auto out = torch::empty({gate_up.size(0), inter}, gate_up.options());
-  dispatch(gate_up, "silu_and_mul", [&](auto zero) {
+  dispatch_float_bf16(gate_up, "silu_and_mul", [&](auto zero) {
     using T = decltype(zero);
     const T* in = gate_up.data_ptr<T>();
     T* o = out.data_ptr<T>();

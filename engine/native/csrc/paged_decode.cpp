@@ -20,6 +20,8 @@
 #include <limits>
 #include <vector>
 
+#include "float_types.h"
+
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
@@ -187,12 +189,8 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
   block_table = block_table.contiguous();
   seq_lens = seq_lens.contiguous();
   auto out = torch::empty_like(query);
-  if (query.scalar_type() == torch::kFloat) {
-    run<float>(query, key_cache, value_cache, block_table, seq_lens, scale, out);
-  } else if (query.scalar_type() == torch::kBFloat16) {
-    run<c10::BFloat16>(query, key_cache, value_cache, block_table, seq_lens, scale, out);
-  } else {
-    TORCH_CHECK(false, "paged_decode_attention supports float32 and bfloat16");
-  }
+  tandem::dispatch_float_bf16(query, "paged_decode_attention", [&](auto zero) {
+    run<decltype(zero)>(query, key_cache, value_cache, block_table, seq_lens, scale, out);
+  });
   return out;
 }

@@ -11,14 +11,15 @@
 #include <ATen/Parallel.h>
 #include <cstdint>
 
+#include "float_types.h"
+
 namespace {
 
 constexpr int64_t kMaxRows = 16;
 constexpr int64_t kLanes = 16;        // one 512-bit vector of floats
 constexpr int64_t kOutPerTask = 64;  // output features per parallel task
 
-inline float to_float(float v) { return v; }
-inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+using tandem::to_float;
 
 // out[m, n] for n in [n0, n1). kRows fixes the row count so acc[][] stays in registers.
 template <typename T, int64_t kRows>
@@ -82,12 +83,6 @@ torch::Tensor small_linear(torch::Tensor x, torch::Tensor weight, c10::optional<
       fn(xs, x.stride(0), w, b, in, n0, n1, o, out_features);
     });
   };
-  if (x.scalar_type() == torch::kFloat) {
-    run(float{});
-  } else if (x.scalar_type() == torch::kBFloat16) {
-    run(c10::BFloat16{});
-  } else {
-    TORCH_CHECK(false, "small_linear supports float32 and bfloat16");
-  }
+  tandem::dispatch_float_bf16(x, "small_linear", run);
   return out;
 }
