@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.kv_cache_manager import cdiv
 from engine.llm_engine import LLMEngine, Prompt
 from engine.outputs import RequestOutput
 from engine.request import Request, RequestStatus
@@ -85,7 +86,7 @@ def reserve_remote_kv(engine: LLMEngine, request_id: str, prompt: Prompt, params
         engine.abort_request(request_id)
         raise NoFreeBlocks(
             f"decode engine has {kv.num_free_blocks} free KV blocks, request {request_id} needs "
-            f"{-(-(req.num_prompt_tokens - num_cached_tokens) // kv.block_size)}"
+            f"{cdiv(req.num_prompt_tokens - num_cached_tokens, kv.block_size)}"
         )
     req.status = RequestStatus.WAITING_FOR_KV
     req.num_cached_tokens = num_cached_tokens
