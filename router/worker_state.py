@@ -1,0 +1,37 @@
+"""What the router knows of one worker: its last reported load plus what it has dispatched since.
+
+The router owns every `WorkerState` and mutates it from its event loop only.
+Load is counted at dispatch: `in_flight` goes up when the router sends a
+request and down when that worker's part of it ends (prefill: first token or
+failure; decode: the finished delta), so two requests routed in the same
+millisecond see each other even before the worker reports a new `WorkerLoad`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kvtransfer.protocol import WorkerLoad
+
+Role = Literal["prefill", "decode"]
+
+
+@dataclass
+class WorkerState:
+    name: str
+    role: Role
+    endpoint: object = None  # how the router calls it (opaque to policies)
+    load: WorkerLoad | None = None  # last load the worker reported
+    in_flight: int = 0  # dispatched and not yet ended, counted by the router
+    alive: bool = True
+
+    @property
+    def pending(self) -> int:
+        """Requests this worker has yet to finish, as far as the router can tell."""
+        reported = self.load.waiting + self.load.running if self.load is not None else 0
+        return max(self.in_flight, reported)
+
+    @property
+    def free_blocks(self) -> int:
+        return self.load.free_blocks if self.load is not None else 0
