@@ -7,6 +7,9 @@ output is a partial sum, all-reduced in place right after `ops.linear`.
 
 Both are called through `project(ops, x)`, a plain method rather than
 `nn.Module.__call__`, so the single-process path pays no hook dispatch.
+After the weights are loaded, `prepare(ops)` turns `weight` into the form
+`ops.linear` takes (packed for the native float32 kernel, which drops the
+dense parameter: `dense_weight()` rebuilds it for checks).
 The embedding and lm_head are not here: they stay replicated on every rank.
 """
 
@@ -18,11 +21,25 @@ from typing import Callable
 import torch
 from torch import nn
 
-from engine.layers.ops import LayerOps
+from engine.layers.ops import LayerOps, dense_weight
 from engine.parallel.shard import Slice
 
 
-class ColumnParallelLinear(nn.Module):
+class PreparedLinear(nn.Module):
+    """Holds `weight` as loaded until `prepare(ops)`, then as `ops.prepare_weight` made it."""
+
+    kernel_weight: object = None
+
+    def prepare(self, ops: LayerOps) -> None:
+        self.kernel_weight = ops.prepare_weight(self.weight.data)
+        if self.kernel_weight is not self.weight.data:
+            self.weight = None  # the prepared copy replaces it: no second copy of the weights in memory
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.weight.data if self.weight is not None else dense_weight(self.kernel_weight)
+
+
+class ColumnParallelLinear(PreparedLinear):
     """A fused linear (q|k|v or gate|up) holding, per fused part, this rank's slice of rows.
 
     `part_sizes[i]` is the full row count of checkpoint part i; this rank's rows
@@ -38,10 +55,10 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def project(self, ops: LayerOps, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.bias)  # [num_tokens, out_features of this rank]
+        return ops.linear(x, self.kernel_weight, self.bias)  # [num_tokens, out_features of this rank]
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(PreparedLinear):
     """A linear without bias holding input columns `in_slice` of the full `in_features`.
 
     `all_reduce` sums the partial outputs over the ranks in place; None at tp_size 1.
@@ -54,7 +71,7 @@ class RowParallelLinear(nn.Module):
         self.all_reduce = all_reduce
 
     def project(self, ops: LayerOps, x: torch.Tensor) -> torch.Tensor:
-        out = ops.linear(x, self.weight)  # [num_tokens, out_features], this rank's partial sum
+        out = ops.linear(x, self.kernel_weight)  # [num_tokens, out_features], this rank's partial sum
         if self.all_reduce is not None:
             self.all_reduce(out)
         return out

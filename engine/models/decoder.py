@@ -19,7 +19,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.config import ModelConfig
-from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+from engine.layers.linear import ColumnParallelLinear, PreparedLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.ops import TORCH_OPS, LayerOps
 from engine.layers.rotary import RotaryEmbedding
@@ -123,12 +123,24 @@ class DecoderForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head_weight = None  # lm_head's weight as `ops.linear` takes it, set by prepare()
         self.tie_weights()
 
     def tie_weights(self) -> None:
         """Share lm_head with the embedding when the config says so (again after to_empty())."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def prepare(self, ops: LayerOps) -> None:
+        """After loading: use `ops` and put every linear weight in the form its `linear` takes.
+
+        lm_head keeps its dense weight too: it is the embedding when tied, and a
+        single row (batch-1 decode) reads it fastest as a matrix-vector product."""
+        self.ops = ops
+        for module in self.modules():
+            if isinstance(module, PreparedLinear):
+                module.prepare(ops)
+        self.lm_head_weight = ops.prepare_weight(self.lm_head.weight.data)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, attn_fn) -> torch.Tensor:
         # input_ids, positions: [num_tokens]; kv_caches: one (key_cache, value_cache) per layer
@@ -141,4 +153,6 @@ class DecoderForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(hidden, self.lm_head.weight)  # [num_rows, vocab_size]
+        if hidden.shape[0] == 1 and self.lm_head_weight is not self.lm_head.weight.data:
+            return torch.mv(self.lm_head.weight, hidden[0])[None]  # [1, vocab_size], from the dense copy
+        return self.ops.linear(hidden, self.lm_head_weight)  # [num_rows, vocab_size]

@@ -1,10 +1,11 @@
 """Native CPU kernels, compiled once per machine with torch's C++ extension builder.
 
-Two kinds of kernels live in `csrc/`: paged decode attention, which reads K/V
-in place through the block table instead of gathering a padded copy, and the
+Three kinds of kernels live in `csrc/`: paged decode attention, which reads
+K/V in place through the block table instead of gathering a padded copy; the
 layer's elementwise ops (RMSNorm with its residual add, rotary embedding,
 SiLU-and-multiply, the KV cache write), each one pass where PyTorch needs
-several ops. Compilation takes ~1 min the first time and is cached
+several ops; and linear layers over weights packed once at load (float32) or
+streamed once for a few rows (bfloat16). Compilation takes ~1 min the first time and is cached
 (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). If it cannot be
 built (no compiler, TANDEM_CPU_KERNELS=0), the engine falls back to the
 PyTorch path and says so once.
@@ -21,7 +22,9 @@ from pathlib import Path
 logger = logging.getLogger("tandem.engine")
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "layer_ops.cpp", "small_linear.cpp")]
+_SOURCES = [_CSRC / name for name in (
+    "bindings.cpp", "paged_decode.cpp", "layer_ops.cpp", "small_linear.cpp", "packed_linear.cpp"
+)]
 _HEADERS = [_CSRC / "float_types.h"]
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]
 

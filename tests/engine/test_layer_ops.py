@@ -10,7 +10,8 @@ from engine.native import load_cpu_kernels
 
 kernels = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels could not be built here")
-NATIVE = ops.native_ops(kernels) if kernels is not None else None
+NATIVE = ops.native_ops(kernels) if kernels is not None else None  # bfloat16's linear: dense weights
+NATIVE_F32 = ops.native_ops(kernels, torch.float32) if kernels is not None else None  # packed weights
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -87,6 +88,28 @@ def test_cpu_linear_matches_f_linear(rows):
     x, w, b = torch.randn(rows, 40), torch.randn(24, 40), torch.randn(24)
     _close(NATIVE.linear(x, w, b), F.linear(x, w, b), torch.float32)
     _close(NATIVE.linear(x, w), F.linear(x, w), torch.float32)
+
+
+# Rows: none, one, a partial block, 16 (two blocks of 8), 25 (three blocks), many (L2 groups).
+@pytest.mark.parametrize("rows", [0, 1, 5, 12, 16, 25, 130])
+def test_packed_linear_matches_f_linear(rows):
+    # 70 outputs: two full 32-wide panels and a partial one; 37 inputs: no vector-width multiple
+    gen = torch.Generator().manual_seed(rows)
+    x, w, b = (torch.randn(*shape, generator=gen) for shape in ((rows, 37), (70, 37), (70,)))
+    packed = NATIVE_F32.prepare_weight(w)
+    assert isinstance(packed, ops.PackedWeight) and packed.data.shape == (3, 37, 32)
+    _close(NATIVE_F32.linear(x, packed, b), F.linear(x, w, b), torch.float32)
+    _close(NATIVE_F32.linear(x, packed), F.linear(x, w), torch.float32)
+
+
+def test_packed_weight_unpacks_exactly_and_takes_strided_rows():
+    w = torch.randn(600, 96)
+    packed = NATIVE_F32.prepare_weight(w)
+    assert torch.equal(ops.dense_weight(packed), w)
+    x = torch.randn(40, 3, 96)[:, 1]  # rows 288 floats apart
+    _close(NATIVE_F32.linear(x, packed), F.linear(x, w), torch.float32)
+    with pytest.raises(RuntimeError, match="out_features"):
+        kernels.packed_linear(x, packed.data, 500)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -8,6 +8,10 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
 torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, torch::Tensor signed_sin);
 torch::Tensor silu_and_mul(torch::Tensor gate_up);
 torch::Tensor small_linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias);
+torch::Tensor pack_linear_weight(torch::Tensor weight);
+torch::Tensor unpack_linear_weight(torch::Tensor packed, int64_t out_features);
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
+                            c10::optional<torch::Tensor> bias);
 void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
                     torch::Tensor slot_mapping);
 
@@ -19,5 +23,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up");
   m.def("small_linear", &small_linear, "x @ weight.T (+ bias) for 1 to 16 rows, streaming the weight once",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("pack_linear_weight", &pack_linear_weight, "float32 [out, in] -> [panels, in, 32] for packed_linear");
+  m.def("unpack_linear_weight", &unpack_linear_weight, "pack_linear_weight's inverse");
+  m.def("packed_linear", &packed_linear, "x @ weight.T (+ bias), float32, over a packed weight", py::arg("x"),
+        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
   m.def("write_kv_cache", &write_kv_cache, "scatter K/V rows into the paged cache (slot -1 skipped)");
 }

@@ -74,7 +74,7 @@ def test_sharded_loading_reassembles_the_checkpoint(tiny_model_dirs, arch):
         mlp = [m.layers[i].mlp for m in ranks]
         params = ["weight", "bias"] if cfg.qkv_bias else ["weight"]
         for param in params:
-            qkv = [getattr(a.qkv_proj, param) for a in attn]
+            qkv = [a.qkv_proj.dense_weight() if param == "weight" else a.qkv_proj.bias for a in attn]
             torch.testing.assert_close(torch.cat([t[:q_rows] for t in qkv]), full[p + f"self_attn.q_proj.{param}"])
             for name, part in (("k", 0), ("v", 1)):
                 pieces = [t[q_rows:].chunk(2)[part] for t in qkv]
@@ -82,11 +82,11 @@ def test_sharded_loading_reassembles_the_checkpoint(tiny_model_dirs, arch):
                 for r, piece in enumerate(pieces):
                     kv = kv_head_slice(cfg.num_kv_heads, tp, r).scaled(hd)
                     torch.testing.assert_close(piece, ckpt[kv.start : kv.stop])
-        torch.testing.assert_close(torch.cat([a.o_proj.weight for a in attn], 1), full[p + "self_attn.o_proj.weight"])
-        gate_up = [m.gate_up_proj.weight.chunk(2) for m in mlp]
+        torch.testing.assert_close(torch.cat([a.o_proj.dense_weight() for a in attn], 1), full[p + "self_attn.o_proj.weight"])
+        gate_up = [m.gate_up_proj.dense_weight().chunk(2) for m in mlp]
         torch.testing.assert_close(torch.cat([g for g, _ in gate_up]), full[p + "mlp.gate_proj.weight"])
         torch.testing.assert_close(torch.cat([u for _, u in gate_up]), full[p + "mlp.up_proj.weight"])
-        torch.testing.assert_close(torch.cat([m.down_proj.weight for m in mlp], 1), full[p + "mlp.down_proj.weight"])
+        torch.testing.assert_close(torch.cat([m.down_proj.dense_weight() for m in mlp], 1), full[p + "mlp.down_proj.weight"])
         if cfg.qk_norm:  # per-head norms: replicated
             for a in attn:
                 torch.testing.assert_close(a.q_norm.weight, full[p + "self_attn.q_norm.weight"])
