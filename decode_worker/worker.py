@@ -209,13 +209,6 @@ class DecodeWorker:
             else:
                 self._end_with_error(report.request_id, f"KV transfer to rank {report.rank} failed: {report.reason}")
 
-    def _drop_shards(self, request_id: str, reason: str) -> None:
-        """Stop the followers receiving the request; returns once none writes into its blocks any more."""
-        try:
-            self.ranks.call(DropShard(request_id, reason))
-        except RankTimeout as err:
-            logger.error("freeing the blocks of %s anyway: %s", request_id, err)
-
     # ---- admission and streaming ------------------------------------------
     def _admit(self, request_id: str) -> None:
         del self._kv_landed[request_id]
@@ -253,7 +246,7 @@ class DecodeWorker:
         if request_id in self.receiver.pending():
             self.receiver.abort(request_id, reason)  # no write into its blocks after this
         if self._shards_missing.pop(request_id, None) is not None:
-            self._drop_shards(request_id, reason)
+            self.ranks.drop(request_id, reason)  # no follower writes into its blocks after this
         self._kv_landed.pop(request_id, None)
         self._first_token.pop(request_id, None)
         if req is None:

@@ -17,10 +17,13 @@ in flight. Neither side is thread-safe: one thread drives each.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from kvtransfer.protocol import DropShard, ExpectShard, RankAck, RankEndpoint, ReportTo, ShardEnded
 from kvtransfer.token_stream import PullSocket, Pushers
+
+logger = logging.getLogger("tandem.kvtransfer")
 
 CONTROL_MESSAGES = (ReportTo, ExpectShard, DropShard)
 
@@ -67,6 +70,14 @@ class RankLinks:
                 )
             self._receive(min(left_ms, 100))
         self._acks -= wanted
+
+    def drop(self, request_id: str, reason: str) -> None:
+        """`DropShard` on every rank, waiting for the acks: then no rank reads or writes the request's
+        blocks any more. A rank that does not answer is logged; the caller frees the blocks anyway."""
+        try:
+            self.call(DropShard(request_id, reason))
+        except RankTimeout as err:
+            logger.error("freeing the blocks of %s anyway: %s", request_id, err)
 
     def poll(self) -> list[ShardEnded]:
         """Reports that arrived since the last poll."""

@@ -41,7 +41,6 @@ from kvtransfer.codec import decode, encode
 from kvtransfer.connector import TransferTimeouts
 from kvtransfer.engine_bridge import kv_spec_for, sampling_params
 from kvtransfer.protocol import (
-    DropShard,
     FirstToken,
     IncompatiblePeerError,
     PrefillFailed,
@@ -204,9 +203,10 @@ class PrefillWorker:
             self._release(request_id)
 
     def _abort_transfers(self, request_id: str, reason: str) -> None:
+        """Abort every rank's transfers of the request; on return its blocks may be freed."""
         self.sender.abort(request_id, reason)
         if self.ranks is not None:
-            self.ranks.tell(DropShard(request_id, reason))
+            self.ranks.drop(request_id, reason)
 
     def _give_up(self, request_id: str, reason: str) -> None:
         if request_id in self._transferring:
