@@ -12,8 +12,16 @@ prefilled remotely, was already sent by the prefill worker.
 Ownership: the engine owns the reserved blocks (`engine.remote_kv`); before
 freeing a reservation this worker makes sure the receiver no longer writes
 into it (`receiver.abort`, or its failed event). Not thread-safe: drive it
-from one thread (`engine.step_loop.StepLoop`). Tensor parallel later: rank 0
-owns this object; followers run forwards and receive their KV shards.
+from one thread (`engine.step_loop.StepLoop`).
+
+Tensor parallel (engine tp_size n > 1): this object is rank 0. Each follower
+rank runs the forward loop and, on an I/O thread, a `ShardReceiver` taking
+its own KV heads into the same block ids (followers mirror rank 0's block
+layout). `reserve()` tells every follower what to expect and returns only once
+each acknowledged (`kvtransfer.rank_links`), so no chunk can arrive before its
+reservation; a request is admitted once every rank's shard landed and the
+FirstToken arrived. A failed shard ends the request on every rank, and its
+blocks are freed only after each follower acknowledged dropping it.
 """
 
 from __future__ import annotations
@@ -32,17 +40,22 @@ from engine.remote_kv import (
     reserve_remote_kv,
     waiting_for_kv,
 )
+from kvtransfer.codec import decode
 from kvtransfer.connector import TransferTimeouts
 from kvtransfer.engine_bridge import kv_spec_for, sampling_params
 from kvtransfer.protocol import (
     DecodeReservation,
+    DropShard,
+    ExpectShard,
     FirstToken,
     GenerateRequest,
     PrefillFailed,
+    RankEndpoint,
     ReserveRefused,
     TokenDelta,
     WorkerLoad,
 )
+from kvtransfer.rank_links import RankLinks, RankTimeout
 from kvtransfer.receiver import KVReceiver
 from kvtransfer.token_stream import PullSocket, Pushers
 
@@ -57,14 +70,22 @@ class DecodeWorkerConfig:
     # Prompts with fewer uncached tokens than this are prefilled here (0: never; a huge value: colocated mode).
     local_prefill_threshold: int = 0
     timeouts: TransferTimeouts = TransferTimeouts()
+    # Tensor parallel: rank 0 and the followers bind their control sockets here (keep port 0);
+    # rank 0 waits this long for every follower to acknowledge a reservation or a drop.
+    control_address: str = "tcp://127.0.0.1:0"
+    rank_ack_timeout_s: float = 10.0
 
 
 class DecodeWorker:
     def __init__(self, engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig()):
         self.config = config
         self.engine = LLMEngine.from_args(engine_args, show_progress=False)
-        spec = kv_spec_for(self.engine.config)
-        self.receiver = KVReceiver(self.engine.runner.kv_caches, spec, config.kv_address, timeouts=config.timeouts)
+        spec, self.tp_size = kv_spec_for(self.engine.config), self.engine.config.parallel.tp_size
+        self.receiver = KVReceiver(
+            self.engine.runner.kv_caches, spec, config.kv_address, self.tp_size, 0, timeouts=config.timeouts
+        )
+        self.ranks: RankLinks | None = None  # tensor parallel: the follower ranks' shard receivers
+        self._shards_missing: dict[str, set[int]] = {}  # request id -> follower ranks whose shard has not landed
         self.inbox = PullSocket((FirstToken, PrefillFailed), config.inbox_address)
         self.pushers = Pushers()
         self._stream_of: dict[str, str] = {}  # request id -> token stream address
@@ -72,9 +93,18 @@ class DecodeWorker:
         self._first_token: dict[str, int] = {}
 
     # ---- control ----------------------------------------------------------
+    def attach_followers(self, endpoints: list[bytes]) -> None:
+        """Tensor parallel: reach the follower ranks' shard receivers (`RankEndpoint`s, encoded)."""
+        ranks = [decode(e, RankEndpoint) for e in endpoints]
+        if sorted(r.rank for r in ranks) != list(range(1, self.tp_size)):
+            raise ValueError(f"expected endpoints of ranks 1..{self.tp_size - 1}, got {[r.rank for r in ranks]}")
+        self.ranks = RankLinks(ranks, self.config.rank_ack_timeout_s, self.config.control_address)
+
     def reserve(self, request: GenerateRequest) -> DecodeReservation | ReserveRefused:
         """Take the request: prefill it here, or reserve blocks for KV from a prefill worker."""
         request_id, prompt = request.request_id, list(request.prompt_token_ids)
+        if self.tp_size > 1 and self.ranks is None:
+            return ReserveRefused(request_id, "decode worker is starting: its follower ranks are not attached", True)
         try:
             params = sampling_params(request.sampling)
             if count_uncached_tokens(self.engine, prompt) < self.config.local_prefill_threshold:
@@ -87,10 +117,18 @@ class DecodeWorker:
         except ValueError as err:
             return ReserveRefused(request_id, str(err), retryable=False)
         self.receiver.recv(request_id, res.transfer_block_ids)
+        try:
+            self._expect_shards(request_id, res.transfer_block_ids)
+        except RankTimeout as err:
+            self.receiver.abort(request_id, str(err))
+            self.ranks.tell(DropShard(request_id, str(err)))  # a late ExpectShard is dropped right after
+            fail_remote_kv(self.engine, request_id)
+            return ReserveRefused(request_id, str(err), retryable=False)
         self._stream_of[request_id] = request.stream_address
         return DecodeReservation(
-            request_id, False, self.receiver.address, self.inbox.address, res.transfer_block_ids, res.num_cached_blocks
-        )
+            request_id, False, self.receiver.address, self.inbox.address, res.transfer_block_ids,
+            res.num_cached_blocks, self._kv_addresses(), self.tp_size,
+        )  # fmt: skip
 
     def abort(self, request_id: str) -> None:
         self._end_with_error(request_id, "aborted by the client")
@@ -103,7 +141,7 @@ class DecodeWorker:
         )  # fmt: skip
 
     def is_idle(self) -> bool:
-        return not self.engine.requests and not self.receiver.pending()
+        return not self.engine.requests and not self.receiver.pending() and not self._shards_missing
 
     def pool_all_free(self) -> bool:
         return self.engine.kv_cache.num_free_blocks == self.engine.kv_cache.pool.num_blocks
@@ -122,8 +160,10 @@ class DecodeWorker:
                     self._first_token[msg.request_id] = msg.token_id
             else:
                 self._end_with_error(msg.request_id, f"prefill failed: {msg.reason}")
+        self._poll_shards()
         room = self.engine.config.scheduler.max_num_seqs - len(self.engine.scheduler.running)
-        for request_id in [r for r in self._first_token if r in self._kv_landed][: max(room, 0)]:
+        ready = [r for r in self._first_token if r in self._kv_landed and not self._shards_missing.get(r)]
+        for request_id in ready[: max(room, 0)]:
             self._admit(request_id)  # oldest first (dict order); the rest wait for a free seat in the batch
         self._expire_missing_first_tokens()
         if not self.engine.has_unfinished_requests():
@@ -141,13 +181,38 @@ class DecodeWorker:
     def close(self) -> None:
         for request_id in list(self.engine.requests):
             self._end_with_error(request_id, "decode worker shut down")
+        self.engine.shutdown()  # tensor parallel: the followers' forward loops end
+        if self.ranks is not None:
+            self.ranks.close()
         self.receiver.close()
         self.inbox.close()
         self.pushers.close()
 
+    # ---- the follower ranks' shards ----------------------------------------
+    def _kv_addresses(self) -> tuple[str, ...]:
+        if self.ranks is None:
+            return ()
+        return (self.receiver.address, *(self.ranks.endpoints[r].kv_address for r in self.ranks.ranks))
+
+    def _expect_shards(self, request_id: str, block_ids) -> None:
+        if self.ranks is not None:
+            self.ranks.call(ExpectShard(request_id, tuple(block_ids)))
+            self._shards_missing[request_id] = set(self.ranks.ranks)
+
+    def _poll_shards(self) -> None:
+        for report in self.ranks.poll() if self.ranks is not None else ():
+            missing = self._shards_missing.get(report.request_id)
+            if missing is None:
+                continue  # ended already (a late report)
+            if report.kind == "done":
+                missing.discard(report.rank)
+            else:
+                self._end_with_error(report.request_id, f"KV transfer to rank {report.rank} failed: {report.reason}")
+
     # ---- admission and streaming ------------------------------------------
     def _admit(self, request_id: str) -> None:
         del self._kv_landed[request_id]
+        self._shards_missing.pop(request_id, None)
         token = self._first_token.pop(request_id)
         self._stream(admit_remote_kv(self.engine, request_id, token), already_streamed=1)
 
@@ -180,6 +245,8 @@ class DecodeWorker:
         req = self.engine.requests.get(request_id)
         if request_id in self.receiver.pending():
             self.receiver.abort(request_id, reason)  # no write into its blocks after this
+        if self._shards_missing.pop(request_id, None) is not None:
+            self.ranks.drop(request_id, reason)  # no follower writes into its blocks after this
         self._kv_landed.pop(request_id, None)
         self._first_token.pop(request_id, None)
         if req is None:

@@ -76,6 +76,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self._sender = StepSender(self.tp) if self.tp.size > 1 and self.tp.is_driver else None
         self._receiver = StepReceiver(self.tp, config.device) if not self.tp.is_driver else None
+        self._attachment = b""  # rank 0: opaque bytes for the followers, sent with the next step
 
     def _agree(self, num_blocks: int) -> int:
         """Every rank gets the fewest blocks any rank can hold: rank 0's block ids index all caches."""
@@ -101,12 +102,19 @@ class ModelRunner:
         cast also makes the argmax several times faster on CPU.
         """
         if self._sender is not None:
-            self._sender.send(batch)  # the other ranks run this same forward with us
+            attachment, self._attachment = self._attachment, b""
+            self._sender.send(batch, attachment)  # the other ranks run this same forward with us
         hidden = self._forward(batch)
         return self.model.compute_logits(hidden[batch.logits_indices]).float()
 
-    def receive_step(self) -> ModelInput | None:
-        """Ranks > 0: the batch rank 0 broadcast for the next step; None when it shut down."""
+    def attach_to_next_step(self, data: bytes) -> None:
+        """Rank 0: the followers get `data` with the next step (see `step_broadcast`); the engine never reads it."""
+        if self._sender is None:
+            raise RuntimeError("only rank 0 of a tensor-parallel engine sends steps")
+        self._attachment = data
+
+    def receive_step(self) -> tuple[ModelInput, bytes] | None:
+        """Ranks > 0: the batch rank 0 broadcast for the next step and its attachment; None when it shut down."""
         return self._receiver.recv()
 
     def shutdown(self) -> None:

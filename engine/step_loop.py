@@ -8,6 +8,7 @@ returns its result, or raises its exception, to the caller.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -95,14 +96,34 @@ class StepLoop(Generic[W]):
 class LoopedActor:
     """Body of a worker's Ray actor: the worker lives on a StepLoop; each method is one call onto it.
 
-    Methods take and return msgpack bytes or plain ids and booleans (never pickled objects of ours)."""
+    Methods take and return msgpack bytes or plain ids and booleans (never pickled objects of ours).
+    Tensor-parallel rank 0 (`start=False`): the constructor is cheap and `start(init_addr)` builds
+    the worker, joining the follower ranks (engine.parallel.ray_group starts them all together)."""
 
-    def __init__(self, make_worker: Callable[[], Steppable], name: str, torch_threads: int | None = 1):
+    def __init__(self, make_worker: Callable[[object], Steppable], engine_args, name: str,
+                 torch_threads: int | None = 1, start: bool = True):  # fmt: skip
         if torch_threads is not None:
             import torch
 
             torch.set_num_threads(torch_threads)  # several actors share the host's cores
-        self.loop = StepLoop(make_worker, name)
+        self._make_worker, self.engine_args, self.name = make_worker, engine_args, name
+        self.loop: StepLoop | None = None
+        if start:
+            self.loop = StepLoop(lambda: make_worker(engine_args), name)
+
+    def free_init_addr(self) -> str:
+        from engine.parallel.ray_group import free_init_addr
+
+        return free_init_addr()
+
+    def start(self, init_addr: str) -> None:
+        """Build the worker as rank 0 of its tensor-parallel group, meeting the other ranks at `init_addr`."""
+        args = dataclasses.replace(self.engine_args, tensor_parallel_rank=0, dist_init_addr=init_addr)
+        self.loop = StepLoop(lambda: self._make_worker(args), self.name)
+
+    def attach_followers(self, endpoints: list[bytes]) -> None:
+        """Rank 0: the follower ranks' I/O workers (their `start` answers, rank order)."""
+        self.loop.call(lambda w: w.attach_followers(endpoints))
 
     def abort(self, request_id: str) -> None:
         self.loop.call(lambda w: w.abort(request_id))

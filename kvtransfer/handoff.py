@@ -14,9 +14,14 @@
          token stream ◄── TokenDelta ... finished, usage
     abort_request(id) ── abort ─► both sides free what they hold (each side's abort is idempotent)
 
+Tensor parallel: a decode worker of TP=b answers with every rank's KV address
+(`DecodeReservation.kv_addresses`, `tp_size`); each prefill rank sends its
+pieces of `resharding.plan` straight to the decode ranks that need them.
+
 Failures: a transfer that fails or expires, or a prefill that fails, ends the
-request on decode with a final TokenDelta whose `error` says why; the prefill
-frees its blocks on any transfer event. The workers never import each other:
+request on decode (every rank) with a final TokenDelta whose `error` says why;
+the prefill frees its blocks once every transfer of the request has ended, and
+fails the request when one of them fails. The workers never import each other:
 they meet only through these messages. Endpoints are the worker objects
 themselves (in-process) or `EncodedCalls` over actor handles (Ray).
 """

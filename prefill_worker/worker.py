@@ -9,12 +9,20 @@ forward (`engine.before_forward`) and each layer goes out as soon as its
 attention has written it (`engine.layer_hook`), while the next layers compute.
 Earlier chunks of a chunked prompt are already in the cache and go out with it.
 
+A decode worker of TP=b takes each of its ranks' KV heads straight from the
+prefill rank holding them (`prefill_worker.pieces`): one request, several
+transfers. Tensor parallel here (TP=a): this object is rank 0; the followers
+run the forward loop and send their own heads (`ShardSender`), told which
+requests a forward completes by the step broadcast's attachment.
+
 Ownership: from `prefill()` the request's blocks belong to the engine until
 the step that samples its first token; from then on this worker holds them
-(`engine.remote_kv`) and frees them on the transfer's first event (done,
-failed or expired), on abort, or at once if the transfer could not start.
-Not thread-safe: drive it from one thread (`engine.step_loop.StepLoop`).
-Tensor parallel later: rank 0 owns this object; followers run forwards only.
+(`engine.remote_kv`) and frees them once every transfer of the request has
+ended (ours from `sender.poll()`, the followers' from their `ShardEnded`
+reports), on abort, or at once if the transfer could not start. A transfer
+that fails or expires fails the request: the other transfers are aborted and
+decode is told (PrefillFailed). Not thread-safe: drive it from one thread
+(`engine.step_loop.StepLoop`).
 """
 
 from __future__ import annotations
@@ -29,11 +37,24 @@ from engine.outputs import RequestOutput
 from engine.remote_kv import add_prefill_request, release_blocks
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
-from kvtransfer.connector import PeerTarget, TransferTimeouts
+from kvtransfer.codec import decode, encode
+from kvtransfer.connector import TransferTimeouts
 from kvtransfer.engine_bridge import kv_spec_for, sampling_params
-from kvtransfer.protocol import FirstToken, IncompatiblePeerError, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
+from kvtransfer.protocol import (
+    FirstToken,
+    IncompatiblePeerError,
+    PrefillFailed,
+    PrefillTask,
+    RankEndpoint,
+    ShardOrder,
+    ShardOrders,
+    TokenDelta,
+    WorkerLoad,
+)
+from kvtransfer.rank_links import RankLinks
 from kvtransfer.sender import KVSender
 from kvtransfer.token_stream import Pushers
+from prefill_worker.pieces import start_pieces, transfers_of
 
 logger = logging.getLogger("tandem.prefill")
 
@@ -42,17 +63,21 @@ logger = logging.getLogger("tandem.prefill")
 class PrefillWorkerConfig:
     name: str = "prefill-0"
     timeouts: TransferTimeouts = TransferTimeouts()
+    control_address: str = "tcp://127.0.0.1:0"  # tensor parallel: rank 0's and the followers' (keep port 0)
 
 
 class PrefillWorker:
     def __init__(self, engine_args: EngineArgs, config: PrefillWorkerConfig = PrefillWorkerConfig()):
         self.config = config
         self.engine = LLMEngine.from_args(engine_args, skip_tokenizer_init=True, show_progress=False)
-        self.sender = KVSender(kv_spec_for(self.engine.config), config.name, timeouts=config.timeouts)
+        self.tp_size, self.num_kv_heads = self.engine.config.parallel.tp_size, self.engine.config.model.num_kv_heads
+        spec = kv_spec_for(self.engine.config)
+        self.sender = KVSender(spec, config.name, self.tp_size, 0, timeouts=config.timeouts)
         self.pushers = Pushers()
+        self.ranks: RankLinks | None = None  # tensor parallel: the follower ranks' shard senders
         self._tasks: dict[str, PrefillTask] = {}
         self._held: dict[str, Request] = {}  # computing or transferring: blocks to release
-        self._transferring: set[str] = set()
+        self._transferring: dict[str, set[tuple[int, str]]] = {}  # request id -> (rank, address) still sending
         self.transfers_ended: Counter[str] = Counter()  # "done" / "failed" / "expired", for metrics
         self._sending_now: list[str] = []  # transfers started for the forward under way
         self._start_failed: dict[str, str] = {}  # request id -> why its transfer could not start
@@ -60,6 +85,10 @@ class PrefillWorker:
         install_layer_hook(self.engine.runner, self._send_layer)
 
     # ---- control ----------------------------------------------------------
+    def attach_followers(self, endpoints: list[bytes]) -> None:
+        """Tensor parallel: reach the follower ranks' shard senders (`RankEndpoint`s, encoded)."""
+        self.ranks = RankLinks([decode(e, RankEndpoint) for e in endpoints], address=self.config.control_address)
+
     def prefill(self, task: PrefillTask) -> None:
         """Queue the prompt; raises ValueError (nothing kept) if this engine cannot take it."""
         request = task.request
@@ -70,7 +99,7 @@ class PrefillWorker:
 
     def abort(self, request_id: str) -> None:
         if request_id in self._transferring:
-            self.sender.abort(request_id, "aborted by the client")
+            self._abort_transfers(request_id, "aborted by the client")
         elif request_id in self._held:
             self.engine.abort_request(request_id)
         self._release(request_id)
@@ -92,10 +121,9 @@ class PrefillWorker:
     def step(self) -> bool:
         """Poll transfers, run one forward if any prompt is queued, hand over finished prompts."""
         for event in self.sender.poll(0):
-            self.transfers_ended[event.kind] += 1
-            if event.kind != "done":
-                logger.warning("KV transfer of %s %s: %s", event.request_id, event.kind, event.reason)
-            self._release(event.request_id)
+            self._transfer_ended(event.request_id, 0, event.peer, event.kind, event.reason)
+        for report in self.ranks.poll() if self.ranks is not None else ():
+            self._transfer_ended(report.request_id, report.rank, report.peer, report.kind, report.reason)
         if not self.engine.has_unfinished_requests():
             return False
         try:
@@ -106,6 +134,8 @@ class PrefillWorker:
             return True
         finally:
             self._sending_now = []
+            if self.ranks is not None:
+                self.engine.runner.attach_to_next_step(b"")  # a step that failed before its broadcast
         for out in outputs:
             self._hand_over(out)
         return True
@@ -113,26 +143,34 @@ class PrefillWorker:
     def close(self) -> None:
         for request_id in list(self._held):
             self.abort(request_id)
+        self.engine.shutdown()  # tensor parallel: the followers' forward loops end
+        if self.ranks is not None:
+            self.ranks.close()
         self.sender.close()
         self.pushers.close()
 
     # ---- handing a prompt to decode ---------------------------------------
     def _start_transfers(self, sched: SchedulerOutput) -> None:
         """Before a forward: open the transfer of every prompt this forward completes (its blocks are all allocated)."""
-        self._sending_now = []
+        self._sending_now, orders = [], []
         for scheduled in sched.scheduled:
             if not scheduled.samples:
                 continue  # a chunk that does not reach the prompt's end
             req = scheduled.request
             res = self._tasks[req.request_id].reservation
-            src_block_ids = [b.block_id for b in req.blocks[res.num_cached_blocks :]]
+            order = ShardOrder(req.request_id, tuple(b.block_id for b in req.blocks[res.num_cached_blocks :]), res)
             try:
-                self.sender.send(req.request_id, src_block_ids, PeerTarget(res.kv_address, res.block_ids))
+                transfers = transfers_of(order, self.num_kv_heads, self.tp_size)
+                start_pieces(self.sender, order, self.num_kv_heads, self.tp_size, 0)
             except (IncompatiblePeerError, ConnectionError, ValueError) as err:
+                self.sender.abort(req.request_id, str(err))  # the pieces that did start
                 self._start_failed[req.request_id] = f"KV transfer could not start: {err}"
                 continue
+            orders.append(order)
             self._sending_now.append(req.request_id)
-            self._transferring.add(req.request_id)
+            self._transferring[req.request_id] = transfers
+        if orders and self.ranks is not None:
+            self.engine.runner.attach_to_next_step(encode(ShardOrders(tuple(orders))))
 
     def _send_layer(self, layer: int) -> None:
         """During the forward, right after `layer`'s KV of this step is in the cache."""
@@ -151,9 +189,28 @@ class PrefillWorker:
         self.pushers.send(task.request.stream_address, TokenDelta(request_id, 0, (token,)))
         self.pushers.send(task.reservation.inbox_address, FirstToken(request_id, token))
 
+    def _transfer_ended(self, request_id: str, rank: int, peer: str, kind: str, reason: str) -> None:
+        """One (rank, decode address) transfer ended: free the blocks after the last, give up on a failure."""
+        left = self._transferring.get(request_id)
+        if left is None:
+            return  # the request ended already (an abort, or another transfer's failure)
+        self.transfers_ended[kind] += 1
+        left.discard((rank, peer))
+        if kind != "done":
+            logger.warning("KV transfer of %s from rank %d to %s %s: %s", request_id, rank, peer, kind, reason)
+            self._give_up(request_id, f"KV transfer from prefill rank {rank} to {peer or 'decode'} {kind}: {reason}")
+        elif not left:
+            self._release(request_id)
+
+    def _abort_transfers(self, request_id: str, reason: str) -> None:
+        """Abort every rank's transfers of the request; on return its blocks may be freed."""
+        self.sender.abort(request_id, reason)
+        if self.ranks is not None:
+            self.ranks.drop(request_id, reason)
+
     def _give_up(self, request_id: str, reason: str) -> None:
         if request_id in self._transferring:
-            self.sender.abort(request_id, reason)
+            self._abort_transfers(request_id, reason)
         task = self._tasks.get(request_id)
         if task is not None:
             self.pushers.send(task.reservation.inbox_address, PrefillFailed(request_id, reason))
@@ -164,5 +221,5 @@ class PrefillWorker:
         if req is not None:
             release_blocks(self.engine, req)
         self._tasks.pop(request_id, None)
-        self._transferring.discard(request_id)
+        self._transferring.pop(request_id, None)
         self._start_failed.pop(request_id, None)

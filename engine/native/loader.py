@@ -49,9 +49,11 @@ def load_cpu_kernels():
 
 
 def _module_name() -> str:
-    # Named by a hash of the sources and flags: two checkouts (or versions) never
-    # overwrite each other's build in the shared extensions cache.
-    digest = hashlib.blake2b(" ".join(_FLAGS).encode(), digest_size=6)
+    # Named by a hash of the sources, their directory and the flags: two checkouts (or
+    # versions) never share a build directory in the extensions cache. The directory counts
+    # because the build commands name the sources by path: two checkouts of the same sources
+    # under one name would make each build look stale to the other, rebuilt on every load.
+    digest = hashlib.blake2b(" ".join([*_FLAGS, str(_CSRC.resolve())]).encode(), digest_size=6)
     for source in _SOURCES + _HEADERS:
         digest.update(source.read_bytes())
     return f"tandem_cpu_kernels_{digest.hexdigest()}"

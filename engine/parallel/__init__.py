@@ -4,5 +4,7 @@
 - `shard`: which heads / rows / columns each rank holds (pure arithmetic);
 - `group`: the process group and the all-reduce the row-parallel layers call;
 - `step_broadcast`: rank 0 sends each step's batch to the other ranks;
-- `follower`: the loop ranks > 0 run.
+- `follower`: the loop ranks > 0 run;
+- `follower_host`: a follower rank as a service (forward thread plus an I/O worker), its Ray actor body;
+- `ray_group`: a tensor-parallel worker's n Ray actors in one placement group, started together.
 """

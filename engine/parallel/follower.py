@@ -2,10 +2,15 @@
 
 A worker process of rank r > 0 does `TPFollower(config).run()` while rank 0
 runs `LLMEngine(config)` (same config but for `parallel.rank`); `run()` returns
-when rank 0's `LLMEngine.shutdown()` sends the shutdown message.
+when rank 0's `LLMEngine.shutdown()` sends the shutdown message. `on_step`
+gets each step's attachment (bytes rank 0's caller added, usually empty)
+before that step's forward: a prefill worker's follower learns there which
+KV transfers the forward starts.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
@@ -22,13 +27,18 @@ class TPFollower:
     def __init__(self, config: EngineConfig, show_progress: bool = False):
         if config.parallel.rank == 0:
             raise ValueError("rank 0 of a tensor-parallel engine runs LLMEngine, not TPFollower")
+        self.config = config
         self.runner = ModelRunner(config, show_progress=show_progress)
+        self.on_step: Callable[[bytes], None] | None = None
 
     def run(self) -> int:
         """Run steps until rank 0 shuts down; return how many ran. Leaves the process group."""
         steps = 0
         try:
-            while (batch := self.runner.receive_step()) is not None:
+            while (step := self.runner.receive_step()) is not None:
+                batch, attachment = step
+                if self.on_step is not None:
+                    self.on_step(attachment)
                 self.runner.forward(batch)
                 steps += 1
         finally:

@@ -9,6 +9,8 @@ One step is three broadcasts from rank 0, all ranks calling them in the same ord
 
 Followers need no sampling state (rank 0 alone samples), so the header carries
 only shapes and the attention metadata's host tuples. Typed msgpack, never pickle.
+`attachment` is opaque bytes for the layer above the engine (a prefill worker
+tells its followers which KV transfers this step starts); the engine never reads it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class StepHeader:
     seq_lens: tuple[int, ...]
     block_size: int
     all_slots_valid: bool
+    attachment: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,11 @@ _MESSAGES = {cls.__name__: cls for cls in (StepHeader, Shutdown)}
 
 
 def encode(message: StepHeader | Shutdown) -> bytes:
-    return msgpack.packb({"type": type(message).__name__, **asdict(message)})
+    return msgpack.packb({"type": type(message).__name__, **asdict(message)}, use_bin_type=True)
 
 
 def decode(data: bytes) -> StepHeader | Shutdown:
-    fields = msgpack.unpackb(data, use_list=False)  # arrays come back as tuples
+    fields = msgpack.unpackb(data, use_list=False, raw=False)  # arrays come back as tuples
     kind = fields.pop("type", None)
     if kind not in _MESSAGES:
         raise ValueError(f"unknown step message type {kind!r}")
@@ -63,7 +66,7 @@ class StepSender:
     def __init__(self, tp: TPGroup):
         self.tp = tp
 
-    def send(self, batch: ModelInput) -> None:
+    def send(self, batch: ModelInput, attachment: bytes = b"") -> None:
         meta = batch.meta
         header = StepHeader(
             num_tokens=batch.input_ids.shape[0],
@@ -73,6 +76,7 @@ class StepSender:
             seq_lens=meta.seq_lens_host,
             block_size=meta.block_size,
             all_slots_valid=meta.all_slots_valid,
+            attachment=attachment,
         )
         self._send_header(header)
         payload = torch.cat((batch.input_ids, batch.positions, meta.slot_mapping, meta.block_tables.flatten()))
@@ -88,12 +92,12 @@ class StepSender:
 
 
 class StepReceiver:
-    """A follower's side: `recv()` is the next step's batch, or None once rank 0 shuts down."""
+    """A follower's side: `recv()` is the next step's batch and attachment, or None once rank 0 shuts down."""
 
     def __init__(self, tp: TPGroup, device: str):
         self.tp, self.device = tp, device
 
-    def recv(self) -> ModelInput | None:
+    def recv(self) -> tuple[ModelInput, bytes] | None:
         header = self._recv_header()
         if isinstance(header, Shutdown):
             return None
@@ -112,7 +116,8 @@ class StepReceiver:
             all_slots_valid=header.all_slots_valid,
         )
         no_rows = torch.empty(0, dtype=torch.int64, device=self.device)
-        return ModelInput(payload[:t], payload[t : 2 * t], meta, logits_indices=no_rows, sampling_states=[])
+        batch = ModelInput(payload[:t], payload[t : 2 * t], meta, logits_indices=no_rows, sampling_states=[])
+        return batch, header.attachment
 
     def _recv_header(self) -> StepHeader | Shutdown:
         length = torch.empty(1, dtype=torch.int64)

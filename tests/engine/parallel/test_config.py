@@ -61,6 +61,8 @@ def test_nccl_needs_cuda_and_rank_above_0_is_not_an_engine(tiny_model_dirs):
 def test_step_messages_round_trip_through_msgpack():
     header = StepHeader(5, 2, 3, (0, 1, 2, 5), (9, 4, 3), 16, False)
     assert decode(encode(header)) == header
+    with_bytes = StepHeader(5, 2, 3, (0, 1, 2, 5), (9, 4, 3), 16, False, attachment=b"\x00orders\xff")
+    assert decode(encode(with_bytes)) == with_bytes  # opaque bytes stay bytes (not str)
     assert decode(encode(Shutdown())) == Shutdown()
     with pytest.raises(ValueError, match="unknown step message"):
         decode(b"\x81\xa4type\xa6Pickle")
