@@ -21,8 +21,9 @@ The decision, over the live workers of the pool, with load = `WorkerState.pendin
 
 Every choice records the prompt's full blocks for the chosen worker in the
 `PrefixTree` (load and cache are both counted at dispatch, not on completion).
-The tree caps each worker at `max_blocks_per_worker` blocks, or at the
-`total_blocks` the worker last reported if that is smaller.
+The tree remembers, per worker, at least as many recent blocks as the
+`total_blocks` the worker last reported, and never more than
+`max_blocks_per_worker` (see prefix_tree.py).
 
 Defaults, and why (SGLang's router uses 0.3 / 64 / 1.5 for GPU workers with
 queues of hundreds; Tandem's queues are a few requests to tens deep):
@@ -85,7 +86,7 @@ class CacheAware:
         chosen, reason = self._choose(keys, workers)
         self.decisions[reason] += 1
         reported = chosen.load.total_blocks if chosen.load is not None else None
-        self.tree.insert(chosen.name, keys, cap=reported or None)
+        self.tree.insert(chosen.name, keys, cache_blocks=reported or None)
         return chosen
 
     def forget(self, worker_name: str) -> None:

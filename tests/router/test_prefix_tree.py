@@ -38,28 +38,40 @@ def test_insert_twice_keeps_one_copy_per_block():
     assert tree.num_blocks("p0") == 4
 
 
-def test_eviction_drops_least_recent_prompts_and_leaves_before_parents():
-    tree = PrefixTree(max_blocks_per_worker=6)
+def test_eviction_drops_the_older_generation_whole():
+    tree = PrefixTree(max_blocks_per_worker=12)  # generations of 6 blocks
     shared = list(range(32))  # two blocks every prompt shares
-    first = block_keys(shared + [1] * 32, 16)
-    second = block_keys(shared + [2] * 32, 16)
-    third = block_keys(shared + [3] * 32, 16)
-    tree.insert("p0", first)
-    tree.insert("p0", second)
-    assert tree.num_blocks("p0") == 6
-    tree.insert("p0", third)  # two blocks over the cap: the least recent leaves go, first's tail
-    assert tree.num_blocks("p0") == 6
-    assert tree.match_length("p0", third) == 4 and tree.match_length("p0", second) == 4
-    assert tree.match_length("p0", first) == 2  # its shared prefix stays: recent prompts touched it
+    prompts = [block_keys(shared + [turn] * 32, 16) for turn in range(5)]  # 4 blocks each, 2 of them shared
+    tree.insert("p0", prompts[0])
+    tree.insert("p0", prompts[1])  # 6 distinct blocks: the current generation is full
+    tree.insert("p0", prompts[2])  # does not fit: 0 and 1 become the previous generation
+    assert [tree.match_length("p0", keys) for keys in prompts] == [4, 4, 4, 2, 2]  # 3 and 4 only share the prefix so far
+    tree.insert("p0", prompts[3])
+    tree.insert("p0", prompts[4])  # rolls again: 0 and 1 are gone, but for the prefix the others share
+    assert [tree.match_length("p0", keys) for keys in prompts] == [2, 2, 4, 4, 4]
+    assert tree.num_blocks("p0") == 10
 
 
-def test_a_lower_cap_on_insert_trims_that_worker_only():
+def test_memory_stays_bounded_and_recent_blocks_stay_remembered():
+    tree = PrefixTree(max_blocks_per_worker=40)
+    recent = []
+    for turn in range(200):
+        keys = block_keys([turn % 7] * 64 + [turn] * (16 * (turn % 5)), 16)
+        tree.insert("p0", keys)
+        recent = (recent + [keys])[-3:]
+        assert tree.num_blocks("p0") <= 40
+        assert all(tree.match_length("p0", keys) == len(keys) for keys in recent)  # 3 x 8 blocks < 20
+
+
+def test_the_workers_cache_size_sizes_its_generations():
     tree = PrefixTree(max_blocks_per_worker=100)
     keys = block_keys(list(range(160)), 16)
     tree.insert("p0", keys)
-    tree.insert("p1", keys, cap=4)
+    tree.insert("p1", keys, cache_blocks=4)
     assert tree.num_blocks("p0") == 10 and tree.num_blocks("p1") == 4
-    assert tree.match_length("p1", keys) == 4  # the deepest blocks went first
+    assert tree.match_length("p1", keys) == 4  # the shallow blocks are the ones kept
+    tree.insert("p1", block_keys(list(range(500, 600)), 16), cache_blocks=4)
+    assert tree.num_blocks("p1") == 8 and tree.match_length("p1", keys) == 4
 
 
 def test_forget_removes_a_worker_and_nothing_else():
