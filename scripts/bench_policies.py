@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import deque
+
+from bench_report import git_commit, machine_line
 
 from router.block_keys import block_keys
 from router.policy import make_policy
@@ -91,12 +90,6 @@ def table(args) -> str:
     return "\n".join(lines)
 
 
-def machine_line() -> str:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    return (f"{cpu}, {len(os.sched_getaffinity(0))} cores (shared: load average {os.getloadavg()[0]:.1f} at the end), "
-            f"Python {platform.python_version()}")  # fmt: skip
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=4)
@@ -115,12 +108,11 @@ def main(argv=None) -> int:
     text = table(args)
     print(text)
     if args.markdown:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         command = " ".join(["python scripts/bench_policies.py", *(argv if argv is not None else sys.argv[1:])])
         with open(args.markdown, "a") as f:
             f.write(
                 f"\n### `{command}`\n\n"
-                f"Run of {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, on {machine_line()}.\n"
+                f"Run of {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {git_commit()}, on {machine_line()}.\n"
                 f"{args.workers} prefill workers, {args.prompts} prompts per workload of "
                 f"{args.system_tokens}-{args.system_tokens + args.max_user_tokens} tokens "
                 f"({args.groups} system prompts in the shared-prefix one), block size 16; "

@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 
+import bench_report
 import ray
 
 from decode_worker.actor import start_decode_actor
@@ -112,9 +111,7 @@ def table(rows: list[dict]) -> str:
 
 
 def machine_line() -> str:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    return (f"{cpu}, {len(os.sched_getaffinity(0))} cores (shared: load average {os.getloadavg()[0]:.1f} at the end), "
-            f"Ray {ray.__version__}, Python {platform.python_version()}")  # fmt: skip
+    return bench_report.machine_line(f"Ray {ray.__version__}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -144,7 +141,7 @@ def main(argv=None) -> int:
     text = table(rows)
     print(text)
     if args.markdown:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = bench_report.git_commit()
         command = " ".join(["python scripts/bench_workers.py", *(argv if argv is not None else sys.argv[1:])])
         with open(args.markdown, "a") as f:
             f.write(
