@@ -16,14 +16,13 @@ timed too: it is most of what cache_aware adds to round_robin.
 from __future__ import annotations
 
 import argparse
-import datetime
 import random
 import statistics
 import sys
 import time
 from collections import deque
 
-from bench_report import git_commit, machine_line
+from bench_report import append_section, machine_line
 
 from router.block_keys import block_keys
 from router.policy import make_policy
@@ -108,16 +107,14 @@ def main(argv=None) -> int:
     text = table(args)
     print(text)
     if args.markdown:
-        command = " ".join(["python scripts/bench_policies.py", *(argv if argv is not None else sys.argv[1:])])
-        with open(args.markdown, "a") as f:
-            f.write(
-                f"\n### `{command}`\n\n"
-                f"Run of {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {git_commit()}, on {machine_line()}.\n"
-                f"{args.workers} prefill workers, {args.prompts} prompts per workload of "
-                f"{args.system_tokens}-{args.system_tokens + args.max_user_tokens} tokens "
-                f"({args.groups} system prompts in the shared-prefix one), block size 16; "
-                f"round_robin is the baseline: a pick that reads nothing of the prompt.\n\n{text}\n"
-            )
+        details = (
+            f"{args.workers} prefill workers, {args.prompts} prompts per workload of "
+            f"{args.system_tokens}-{args.system_tokens + args.max_user_tokens} tokens "
+            f"({args.groups} system prompts in the shared-prefix one), block size 16; "
+            f"round_robin is the baseline: a pick that reads nothing of the prompt."
+        )
+        argv = argv if argv is not None else sys.argv[1:]
+        append_section(args.markdown, "bench_policies.py", argv, machine_line(), details, text)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
 import subprocess
@@ -20,3 +21,14 @@ def machine_line(*versions: str) -> str:
 
 def git_commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def append_section(markdown_path: str, script: str, argv: list[str], machine: str, details: str, table: str) -> None:
+    """Append `### <command>`, when/commit/machine, `details` and the table to BENCHMARKS.md (or any file)."""
+    command = " ".join([f"python scripts/{script}", *argv])
+    with open(markdown_path, "a") as f:
+        f.write(
+            f"\n### `{command}`\n\n"
+            f"Run of {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {git_commit()}, on {machine}.\n"
+            f"{details}\n\n{table}\n"
+        )

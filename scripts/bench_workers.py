@@ -15,7 +15,6 @@ serves one short warm-up request before the timed batch.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import random
 import statistics
@@ -141,17 +140,14 @@ def main(argv=None) -> int:
     text = table(rows)
     print(text)
     if args.markdown:
-        commit = bench_report.git_commit()
-        command = " ".join(["python scripts/bench_workers.py", *(argv if argv is not None else sys.argv[1:])])
-        with open(args.markdown, "a") as f:
-            f.write(
-                f"\n### `{command}`\n\n"
-                f"Run of {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, on {machine_line()}.\n"
-                f"{args.requests} requests of {args.min_prompt}-{args.max_prompt} random prompt tokens, "
-                f"{args.output_tokens} greedy output tokens each, all started at once. Torch threads: colocated "
-                f"actor {args.threads}, disaggregated {max(1, args.threads // 2)} per actor. "
-                f"Model: `{os.path.basename(args.model)}`.\n\n{text}\n"
-            )
+        details = (
+            f"{args.requests} requests of {args.min_prompt}-{args.max_prompt} random prompt tokens, "
+            f"{args.output_tokens} greedy output tokens each, all started at once. Torch threads: colocated "
+            f"actor {args.threads}, disaggregated {max(1, args.threads // 2)} per actor. "
+            f"Model: `{os.path.basename(args.model)}`."
+        )
+        argv = argv if argv is not None else sys.argv[1:]
+        bench_report.append_section(args.markdown, "bench_workers.py", argv, machine_line(), details, text)
     return 0
 
 
