@@ -13,7 +13,8 @@ def machine_line(*versions: str) -> str:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), None)
     return ", ".join([
         f"{cpu or platform.processor() or 'unknown CPU'}",
-        f"{len(os.sched_getaffinity(0))} cores (shared with other work: load average {os.getloadavg()[0]:.1f} at the end)",
+        f"{len(os.sched_getaffinity(0))} cores",
+        f"shared with other work: load average {os.getloadavg()[0]:.1f} at the end",
         *versions,
         f"Python {platform.python_version()}",
     ])  # fmt: skip

@@ -64,7 +64,9 @@ class Request:
 @functools.lru_cache(maxsize=8)
 def arrivals(workload: Workload) -> list[tuple[int, Request]]:
     """The workload's (group, request) in arrival order, hashed once for every policy simulated on it."""
-    return [(group, Request(tokens, hash_token_blocks(tokens, workload.block_size))) for group, tokens in workload.prompts()]
+    return [
+        (group, Request(tokens, hash_token_blocks(tokens, workload.block_size))) for group, tokens in workload.prompts()
+    ]
 
 
 @dataclass
@@ -76,7 +78,6 @@ class SimWorker:
     queue: deque = field(default_factory=deque)
     running: tuple[list, float] | None = None  # the running request's blocks, its finish time
     dispatched: int = 0
-    computed_tokens: int = 0
     hit_blocks: int = 0
     queried_blocks: int = 0
     total_latency: float = 0.0  # arrival to end of prefill, summed over finished requests
@@ -118,7 +119,6 @@ class SimWorker:
         uncached = len(request.tokens) - len(cached) * self.block_size
         self.hit_blocks += len(cached)
         self.queried_blocks += len(request.hashes)
-        self.computed_tokens += uncached
         finish = start + uncached / self.tokens_per_second
         self.total_latency += finish - arrival
         self.running = (cached + fresh, finish)
@@ -139,7 +139,6 @@ class SimWorker:
 class Outcome:
     hit_rate: float  # prompt blocks found cached / prompt full blocks
     dispatched: list[int]  # requests per worker
-    computed_tokens: list[int]  # prefill tokens each worker computed
     mean_latency: float  # arrival to end of prefill (time to first token), in units of one uncached prompt
 
     @property
@@ -174,6 +173,5 @@ def simulate(workload: Workload, route, num_workers: int, capacity_blocks: int, 
     return Outcome(
         hit_rate=sum(w.hit_blocks for w in workers) / sum(w.queried_blocks for w in workers),
         dispatched=[w.dispatched for w in workers],
-        computed_tokens=[w.computed_tokens for w in workers],
         mean_latency=sum(w.total_latency for w in workers) / len(requests) / (mean_tokens / tokens_per_second),
     )

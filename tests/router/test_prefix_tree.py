@@ -45,7 +45,7 @@ def test_eviction_drops_the_older_generation_whole():
     tree.insert("p0", prompts[0])
     tree.insert("p0", prompts[1])  # 6 distinct blocks: the current generation is full
     tree.insert("p0", prompts[2])  # does not fit: 0 and 1 become the previous generation
-    assert [tree.match_length("p0", keys) for keys in prompts] == [4, 4, 4, 2, 2]  # 3 and 4 only share the prefix so far
+    assert [tree.match_length("p0", keys) for keys in prompts] == [4, 4, 4, 2, 2]  # 3, 4: the shared prefix
     tree.insert("p0", prompts[3])
     tree.insert("p0", prompts[4])  # rolls again: 0 and 1 are gone, but for the prefix the others share
     assert [tree.match_length("p0", keys) for keys in prompts] == [2, 2, 4, 4, 4]
