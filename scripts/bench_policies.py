@@ -74,8 +74,8 @@ def time_keys(prompts: list[list[int]]) -> list[float]:
 
 def row(label: str, workload: str, seconds: list[float]) -> str:
     cuts = statistics.quantiles(seconds, n=100)
-    return (f"| {label} | {workload} | {len(seconds) / sum(seconds):,.0f} | {cuts[49] * 1e6:.0f} "
-            f"| {cuts[98] * 1e6:.0f} |")  # fmt: skip
+    return (f"| {label} | {workload} | {len(seconds) / sum(seconds):,.0f} | {cuts[49] * 1e6:.1f} "
+            f"| {cuts[98] * 1e6:.1f} |")  # fmt: skip
 
 
 def table(args) -> str:
