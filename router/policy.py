@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence
 
+from router.policies.cache_aware import CacheAware, CacheAwareConfig
+from router.policies.decode_choice import DecodeByKVRoom
+from router.policies.least_loaded import LeastLoaded
+from router.policies.round_robin import RoundRobin
 from router.worker_state import WorkerState
+
+__all__ = ["POLICIES", "CacheAware", "CacheAwareConfig", "DecodeByKVRoom", "LeastLoaded", "RoundRobin",
+           "RoutingPolicy", "make_decode_policy", "make_policy"]
 
 
 class RoutingPolicy(Protocol):
@@ -21,27 +28,19 @@ class RoutingPolicy(Protocol):
     def forget(self, worker_name: str) -> None: ...
 
 
-class RoundRobin:
-    """Each worker in turn, whatever the prompt or the load."""
-
-    def __init__(self):
-        self._turn = 0
-
-    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
-        if not workers:
-            raise ValueError("no worker to pick from")
-        worker = workers[self._turn % len(workers)]
-        self._turn += 1
-        return worker
-
-    def forget(self, worker_name: str) -> None:
-        pass
-
-
-POLICIES: dict[str, Callable[..., RoutingPolicy]] = {"round_robin": RoundRobin}
+POLICIES: dict[str, Callable[..., RoutingPolicy]] = {
+    "cache_aware": CacheAware,  # options: the fields of CacheAwareConfig
+    "least_loaded": LeastLoaded,  # options: seed
+    "round_robin": RoundRobin,
+}
 
 
 def make_policy(name: str, **options) -> RoutingPolicy:
     if name not in POLICIES:
         raise ValueError(f"unknown routing policy {name!r}: choose one of {', '.join(sorted(POLICIES))}")
     return POLICIES[name](**options)
+
+
+def make_decode_policy(**options) -> RoutingPolicy:
+    """The decode pool's policy (options: block_size, headroom_blocks); see policies/decode_choice.py."""
+    return DecodeByKVRoom(**options)

@@ -22,15 +22,14 @@ import argparse
 import datetime
 import multiprocessing
 import os
-import platform
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import bench_report
 import torch
 
 from kvtransfer import KVReceiver, KVSender, KVSpec, PeerTarget
@@ -245,24 +244,18 @@ def table_row(r: dict) -> str:
 
 
 def machine_line() -> str:
-    cpu = platform.processor() or "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
     import msgpack
     import zmq
 
-    return (
-        f"{cpu}, {len(os.sched_getaffinity(0))} cores (shared with other work: load average "
-        f"{os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, "
-        f"pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()}), msgpack {'.'.join(map(str, msgpack.version))}, "
-        f"Python {platform.python_version()}"
+    return bench_report.machine_line(
+        f"torch {torch.__version__}",
+        f"pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()})",
+        f"msgpack {'.'.join(map(str, msgpack.version))}",
     )
 
 
 def markdown_section(args, rows: list[dict]) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = bench_report.git_commit()
     big = [r for r in rows if r["frame"] >= 2**20]  # runs of 1 MiB and more
     verdict = ", ".join(f"{r['zmq-tcp'] / r['raw-tcp']:.0%}" for r in big)
     met = big and all(r["zmq-tcp"] >= 0.7 * r["raw-tcp"] for r in big)

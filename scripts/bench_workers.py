@@ -15,15 +15,13 @@ serves one short warm-up request before the timed batch.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 
+import bench_report
 import ray
 
 from decode_worker.actor import start_decode_actor
@@ -112,9 +110,7 @@ def table(rows: list[dict]) -> str:
 
 
 def machine_line() -> str:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    return (f"{cpu}, {len(os.sched_getaffinity(0))} cores (shared: load average {os.getloadavg()[0]:.1f} at the end), "
-            f"Ray {ray.__version__}, Python {platform.python_version()}")  # fmt: skip
+    return bench_report.machine_line(f"Ray {ray.__version__}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -144,17 +140,14 @@ def main(argv=None) -> int:
     text = table(rows)
     print(text)
     if args.markdown:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        command = " ".join(["python scripts/bench_workers.py", *(argv if argv is not None else sys.argv[1:])])
-        with open(args.markdown, "a") as f:
-            f.write(
-                f"\n### `{command}`\n\n"
-                f"Run of {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, on {machine_line()}.\n"
-                f"{args.requests} requests of {args.min_prompt}-{args.max_prompt} random prompt tokens, "
-                f"{args.output_tokens} greedy output tokens each, all started at once. Torch threads: colocated "
-                f"actor {args.threads}, disaggregated {max(1, args.threads // 2)} per actor. "
-                f"Model: `{os.path.basename(args.model)}`.\n\n{text}\n"
-            )
+        details = (
+            f"{args.requests} requests of {args.min_prompt}-{args.max_prompt} random prompt tokens, "
+            f"{args.output_tokens} greedy output tokens each, all started at once. Torch threads: colocated "
+            f"actor {args.threads}, disaggregated {max(1, args.threads // 2)} per actor. "
+            f"Model: `{os.path.basename(args.model)}`."
+        )
+        argv = argv if argv is not None else sys.argv[1:]
+        bench_report.append_section(args.markdown, "bench_workers.py", argv, machine_line(), details, text)
     return 0
 
 

@@ -1,0 +1,1 @@
+"""Routing policies, one per file; `router.policy` registers them by name."""
