@@ -18,21 +18,29 @@ Failures: a transfer that fails or expires, or a prefill that fails, ends the
 request on decode with a final TokenDelta whose `error` says why; the prefill
 frees its blocks on any transfer event. The workers never import each other:
 they meet only through these messages. Endpoints are the worker objects
-themselves (in-process) or `EncodedCalls` over actor handles (Ray).
+themselves (in-process) or `EncodedCalls` over actor handles (Ray); the router's
+event loop uses the same protocol through `start_request_async` and `AsyncEncodedCalls`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Generator, Protocol
 
 from kvtransfer.codec import decode, encode
 from kvtransfer.protocol import DecodeReservation, GenerateRequest, PrefillTask, ReserveRefused, WorkerLoad
 
 
 class HandoffError(RuntimeError):
-    """The request could not be started (refused by decode, or no room before the deadline)."""
+    """The request could not be started (refused by decode, or no room before the deadline).
+
+    `retryable`: the same request may succeed later (decode was full); False: it never can run there."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class DecodeEndpoint(Protocol):
@@ -45,10 +53,50 @@ class PrefillEndpoint(Protocol):
     def abort(self, request_id: str) -> None: ...
 
 
+class AsyncDecodeEndpoint(Protocol):
+    async def reserve(self, request: GenerateRequest) -> DecodeReservation | ReserveRefused: ...
+    async def abort(self, request_id: str) -> None: ...
+
+
+class AsyncPrefillEndpoint(Protocol):
+    async def prefill(self, task: PrefillTask) -> None: ...
+    async def abort(self, request_id: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class HandoffTimeouts:
     reserve_retry_s: float = 0.02  # between reserve attempts while decode has no free blocks
     reserve_wait_s: float = 30.0  # then the request fails with a clear error
+
+
+def _handoff(request: GenerateRequest, has_prefill: bool, timeouts: HandoffTimeouts) -> Generator:
+    """The protocol itself, free of I/O: yields `(endpoint, method, argument)` calls and is sent their
+    replies (or thrown their exceptions); returns the reservation. `endpoint` is "decode", "prefill",
+    or None for a pause. `start_request` and `start_request_async` only carry the calls out."""
+    deadline = time.monotonic() + timeouts.reserve_wait_s
+    while True:
+        reply = yield "decode", "reserve", request
+        if isinstance(reply, DecodeReservation):
+            break
+        if not reply.retryable:
+            raise HandoffError(f"decode refused request {request.request_id}: {reply.reason}")
+        if time.monotonic() >= deadline:
+            raise HandoffError(
+                f"no decode room for request {request.request_id} within {timeouts.reserve_wait_s}s: {reply.reason}",
+                retryable=True,
+            )
+        yield None, "sleep", timeouts.reserve_retry_s
+    if reply.prefill_locally:
+        return reply
+    if not has_prefill:
+        yield "decode", "abort", request.request_id
+        raise HandoffError(f"request {request.request_id} needs a prefill worker and none was given", retryable=True)
+    try:
+        yield "prefill", "prefill", PrefillTask(request, reply)
+    except Exception:
+        yield "decode", "abort", request.request_id
+        raise
+    return reply
 
 
 def start_request(
@@ -61,29 +109,44 @@ def start_request(
 
     Returns once both workers hold the request; tokens then arrive on `request.stream_address`.
     Raises `HandoffError` when decode refuses it, or stays full past `reserve_wait_s`."""
-    deadline = time.monotonic() + timeouts.reserve_wait_s
+    endpoints = {"decode": decode_worker, "prefill": prefill_worker, None: _Pause(time.sleep)}
+    steps = _handoff(request, prefill_worker is not None, timeouts)
+    reply, error = None, None
     while True:
-        reply = decode_worker.reserve(request)
-        if isinstance(reply, DecodeReservation):
-            break
-        if not reply.retryable:
-            raise HandoffError(f"decode refused request {request.request_id}: {reply.reason}")
-        if time.monotonic() >= deadline:
-            raise HandoffError(
-                f"no decode room for request {request.request_id} within {timeouts.reserve_wait_s}s: {reply.reason}"
-            )
-        time.sleep(timeouts.reserve_retry_s)
-    if reply.prefill_locally:
-        return reply
-    if prefill_worker is None:
-        decode_worker.abort(request.request_id)
-        raise HandoffError(f"request {request.request_id} needs a prefill worker and none was given")
-    try:
-        prefill_worker.prefill(PrefillTask(request, reply))
-    except Exception:
-        decode_worker.abort(request.request_id)
-        raise
-    return reply
+        try:
+            endpoint, method, arg = steps.throw(error) if error else steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        try:
+            reply, error = getattr(endpoints[endpoint], method)(arg), None
+        except Exception as e:
+            reply, error = None, e
+
+
+async def start_request_async(
+    request: GenerateRequest,
+    decode_worker: AsyncDecodeEndpoint,
+    prefill_worker: AsyncPrefillEndpoint | None,
+    timeouts: HandoffTimeouts = HandoffTimeouts(),
+) -> DecodeReservation:
+    """`start_request` for an event loop: the same protocol, every call awaited (endpoint methods are coroutines)."""
+    endpoints = {"decode": decode_worker, "prefill": prefill_worker, None: _Pause(asyncio.sleep)}
+    steps = _handoff(request, prefill_worker is not None, timeouts)
+    reply, error = None, None
+    while True:
+        try:
+            endpoint, method, arg = steps.throw(error) if error else steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        try:
+            reply, error = await getattr(endpoints[endpoint], method)(arg), None
+        except Exception as e:
+            reply, error = None, e
+
+
+class _Pause:
+    def __init__(self, sleep: Callable[[float], object]):
+        self.sleep = sleep
 
 
 def abort_request(request_id: str, decode_worker: DecodeEndpoint, prefill_worker: PrefillEndpoint | None) -> None:
@@ -91,6 +154,16 @@ def abort_request(request_id: str, decode_worker: DecodeEndpoint, prefill_worker
     if prefill_worker is not None:
         prefill_worker.abort(request_id)
     decode_worker.abort(request_id)
+
+
+async def abort_request_async(
+    request_id: str, decode_worker: AsyncDecodeEndpoint, prefill_worker: AsyncPrefillEndpoint | None
+) -> None:
+    """`abort_request` for an event loop: both aborts are sent at once; the first failure is raised after both ran."""
+    calls = [decode_worker.abort(request_id)] + ([prefill_worker.abort(request_id)] if prefill_worker else [])
+    for result in await asyncio.gather(*calls, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
 
 
 class EncodedCalls:
@@ -112,3 +185,22 @@ class EncodedCalls:
 
     def load(self) -> WorkerLoad:
         return decode(self._call("load", None), WorkerLoad)
+
+
+class AsyncEncodedCalls:
+    """`EncodedCalls` for an event loop: `call(method, payload)` returns an awaitable (a Ray ObjectRef is one)."""
+
+    def __init__(self, call: Callable[[str, object], Awaitable]):
+        self._call = call
+
+    async def reserve(self, request: GenerateRequest) -> DecodeReservation | ReserveRefused:
+        return decode(await self._call("reserve", encode(request)), (DecodeReservation, ReserveRefused))
+
+    async def prefill(self, task: PrefillTask) -> None:
+        await self._call("prefill", encode(task))
+
+    async def abort(self, request_id: str) -> None:
+        await self._call("abort", request_id)
+
+    async def load(self) -> WorkerLoad:
+        return decode(await self._call("load", None), WorkerLoad)

@@ -30,7 +30,7 @@ from engine.remote_kv import add_prefill_request, release_blocks
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
 from kvtransfer.connector import PeerTarget, TransferTimeouts
-from kvtransfer.engine_bridge import kv_spec_for, sampling_params
+from kvtransfer.engine_bridge import kv_spec_for, sampling_params, token_logprobs
 from kvtransfer.protocol import FirstToken, IncompatiblePeerError, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
 from kvtransfer.sender import KVSender
 from kvtransfer.token_stream import Pushers
@@ -148,7 +148,8 @@ class PrefillWorker:
             self._give_up(request_id, failure)
             return
         task = self._tasks[request_id]
-        self.pushers.send(task.request.stream_address, TokenDelta(request_id, 0, (token,)))
+        logprobs = token_logprobs(out.outputs[0].logprobs, 1)
+        self.pushers.send(task.request.stream_address, TokenDelta(request_id, 0, (token,), logprobs=logprobs))
         self.pushers.send(task.reservation.inbox_address, FirstToken(request_id, token))
 
     def _give_up(self, request_id: str, reason: str) -> None:
