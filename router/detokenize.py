@@ -22,8 +22,7 @@ class TextStream:
     def __init__(self, tokenizer, prompt_ids, stop: tuple[str, ...] = (), include_stop: bool = False,
                  skip_special_tokens: bool = True, min_tokens: int = 0):  # fmt: skip
         self._tokenizer = tokenizer  # a transformers fast tokenizer
-        self._decoder = DecodeStream(ids=list(prompt_ids[-_PROMPT_CONTEXT_TOKENS:]),
-                                     skip_special_tokens=skip_special_tokens)  # fmt: skip
+        self._decoder = DecodeStream(ids=_clean_context(tokenizer, prompt_ids), skip_special_tokens=skip_special_tokens)
         self._skip_special = skip_special_tokens
         self._stops, self._include_stop, self._min_tokens = stop, include_stop, min_tokens
         self._token_ids: list[int] = []
@@ -78,3 +77,11 @@ class TextStream:
             return ""
         out, self.sent = self.text[self.sent : end], end
         return out
+
+
+def _clean_context(tokenizer, prompt_ids) -> list[int]:
+    """The prompt's last tokens, short of any that end inside a character (the decoder would re-emit the prompt)."""
+    context = list(prompt_ids[-_PROMPT_CONTEXT_TOKENS:])
+    while context and tokenizer.decode(context).endswith("\ufffd"):
+        context.pop()
+    return context
