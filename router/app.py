@@ -18,7 +18,15 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from router.api_models import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelCard, ModelList
+from router.api_models import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
 from router.chat import create_chat_completion
 from router.completions import create_completion
 from router.config import RouterConfig
@@ -79,11 +87,12 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
     install_error_handlers(app)
     app.add_middleware(_StatusCounter, metrics=metrics)
 
-    @app.post("/v1/completions", responses=_ERRORS)
+    # Handlers return JSONResponse (no second validation of the body); the models document it.
+    @app.post("/v1/completions", responses={200: {"model": CompletionResponse}, **_ERRORS})
     async def completions(body: CompletionRequest):
         return await create_completion(body, runner)
 
-    @app.post("/v1/chat/completions", responses=_ERRORS)
+    @app.post("/v1/chat/completions", responses={200: {"model": ChatCompletionResponse}, **_ERRORS})
     async def chat_completions(body: ChatCompletionRequest):
         return await create_chat_completion(body, runner)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import AsyncIterator
 
+from fastapi.responses import JSONResponse
+
 from router.api_models import CompletionRequest, CompletionResponse
 from router.errors import bad_request
 from router.openai_common import check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response
@@ -26,14 +28,14 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner):
         usage = body.stream_options is not None and body.stream_options.include_usage
         return sse_response(running, _chunks(running, rid, created, model, body.logprobs is not None, usage))
     choices = await collect(running)
-    return CompletionResponse(
+    return JSONResponse(content=CompletionResponse(
         id=rid, created=created, model=model.name, usage=running.usage(),
         choices=[
             {"index": i, "text": c["text"], "finish_reason": c["finish_reason"],
              "logprobs": _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs is not None else None}
             for i, c in sorted(choices.items())
         ],
-    )  # fmt: skip
+    ).model_dump())  # fmt: skip
 
 
 async def _chunks(running: RunningRequest, rid: str, created: int, model: ServedModel, logprobs: bool,
