@@ -25,6 +25,7 @@ event loop uses the same protocol through `start_request_async` and `AsyncEncode
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Generator, Protocol
@@ -109,18 +110,13 @@ def start_request(
 
     Returns once both workers hold the request; tokens then arrive on `request.stream_address`.
     Raises `HandoffError` when decode refuses it, or stays full past `reserve_wait_s`."""
-    endpoints = {"decode": decode_worker, "prefill": prefill_worker, None: _Pause(time.sleep)}
-    steps = _handoff(request, prefill_worker is not None, timeouts)
-    reply, error = None, None
-    while True:
+    steps = _Steps(request, decode_worker, prefill_worker, timeouts, time.sleep)
+    while (call := steps.next_call()) is not None:
         try:
-            endpoint, method, arg = steps.throw(error) if error else steps.send(reply)
-        except StopIteration as done:
-            return done.value
-        try:
-            reply, error = getattr(endpoints[endpoint], method)(arg), None
+            steps.reply = call()
         except Exception as e:
-            reply, error = None, e
+            steps.error = e
+    return steps.result
 
 
 async def start_request_async(
@@ -130,18 +126,32 @@ async def start_request_async(
     timeouts: HandoffTimeouts = HandoffTimeouts(),
 ) -> DecodeReservation:
     """`start_request` for an event loop: the same protocol, every call awaited (endpoint methods are coroutines)."""
-    endpoints = {"decode": decode_worker, "prefill": prefill_worker, None: _Pause(asyncio.sleep)}
-    steps = _handoff(request, prefill_worker is not None, timeouts)
-    reply, error = None, None
-    while True:
+    steps = _Steps(request, decode_worker, prefill_worker, timeouts, asyncio.sleep)
+    while (call := steps.next_call()) is not None:
         try:
-            endpoint, method, arg = steps.throw(error) if error else steps.send(reply)
-        except StopIteration as done:
-            return done.value
-        try:
-            reply, error = await getattr(endpoints[endpoint], method)(arg), None
+            steps.reply = await call()
         except Exception as e:
-            reply, error = None, e
+            steps.error = e
+    return steps.result
+
+
+class _Steps:
+    """Walks `_handoff`: `next_call()` is the next endpoint call to make (None when done: see `result`);
+    the driver sets `reply` or `error` from it."""
+
+    def __init__(self, request, decode_worker, prefill_worker, timeouts: HandoffTimeouts, sleep: Callable):
+        self._endpoints = {"decode": decode_worker, "prefill": prefill_worker, None: _Pause(sleep)}
+        self._gen = _handoff(request, prefill_worker is not None, timeouts)
+        self.reply, self.error, self.result = None, None, None
+
+    def next_call(self) -> Callable | None:
+        error, self.error = self.error, None
+        try:
+            endpoint, method, arg = self._gen.throw(error) if error else self._gen.send(self.reply)
+        except StopIteration as done:
+            self.result = done.value
+            return None
+        return functools.partial(getattr(self._endpoints[endpoint], method), arg)
 
 
 class _Pause:
