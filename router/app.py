@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -89,12 +89,12 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
 
     # Handlers return JSONResponse (no second validation of the body); the models document it.
     @app.post("/v1/completions", responses={200: {"model": CompletionResponse}, **_ERRORS})
-    async def completions(body: CompletionRequest):
-        return await create_completion(body, runner)
+    async def completions(body: CompletionRequest, request: Request):
+        return await create_completion(body, runner, request)
 
     @app.post("/v1/chat/completions", responses={200: {"model": ChatCompletionResponse}, **_ERRORS})
-    async def chat_completions(body: ChatCompletionRequest):
-        return await create_chat_completion(body, runner)
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await create_chat_completion(body, runner, request)
 
     @app.get("/v1/models", response_model=ModelList)
     async def models():

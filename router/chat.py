@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import AsyncIterator
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from router.api_models import ChatCompletionRequest, ChatCompletionResponse
@@ -14,7 +15,7 @@ from router.served_model import ServedModel
 from router.serving import RequestRunner, RunningRequest
 
 
-async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRunner):
+async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRunner, request: Request):
     arrived = time.monotonic()
     model = runner.model
     check_model(body, model.name)
@@ -30,7 +31,7 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return sse_response(running, _chunks(running, rid, created, model, body.logprobs, usage))
-    choices = await collect(running)
+    choices = await collect(running, request)
     return JSONResponse(content=ChatCompletionResponse(
         id=rid, created=created, model=model.name, usage=running.usage(),
         choices=[

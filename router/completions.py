@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import AsyncIterator
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from router.api_models import CompletionRequest, CompletionResponse
@@ -14,7 +15,7 @@ from router.served_model import ServedModel
 from router.serving import RequestRunner, RunningRequest
 
 
-async def create_completion(body: CompletionRequest, runner: RequestRunner):
+async def create_completion(body: CompletionRequest, runner: RequestRunner, request: Request):
     arrived = time.monotonic()
     model = runner.model
     check_model(body, model.name)
@@ -27,7 +28,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner):
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return sse_response(running, _chunks(running, rid, created, model, body.logprobs is not None, usage))
-    choices = await collect(running)
+    choices = await collect(running, request)
     return JSONResponse(content=CompletionResponse(
         id=rid, created=created, model=model.name, usage=running.usage(),
         choices=[

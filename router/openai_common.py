@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from typing import AsyncIterator
 
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from kvtransfer.protocol import SamplingSpec
@@ -69,16 +71,35 @@ def sse_response(running: RunningRequest, payloads: AsyncIterator[dict]) -> Stre
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def collect(running: RunningRequest) -> dict[int, dict]:
-    """Every choice's full text, token logprobs and finish reason (non-streaming responses)."""
-    out = {c.index: {"text": "", "logprobs": [], "token_ids": [], "finish_reason": None} for c in running.choices}
+async def collect(running: RunningRequest, request: Request) -> dict[int, dict]:
+    """Every choice's full text, token logprobs and finish reason (non-streaming responses).
+
+    A client that disconnects meanwhile gets its sequences aborted on the workers at once."""
+    work = asyncio.ensure_future(_gather(running))
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
-        async for update in running.updates():
-            choice = out[update.index]
-            choice["text"] += update.text
-            choice["logprobs"] += update.logprobs
-            choice["token_ids"] += update.token_ids
-            choice["finish_reason"] = update.finish_reason or choice["finish_reason"]
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            work.cancel()
+            raise APIError(400, "the client disconnected")
+        return work.result()
     finally:
+        gone.cancel()
         running.close()
+
+
+async def _gather(running: RunningRequest) -> dict[int, dict]:
+    out = {c.index: {"text": "", "logprobs": [], "token_ids": [], "finish_reason": None} for c in running.choices}
+    async for update in running.updates():
+        choice = out[update.index]
+        choice["text"] += update.text
+        choice["logprobs"] += update.logprobs
+        choice["token_ids"] += update.token_ids
+        choice["finish_reason"] = update.finish_reason or choice["finish_reason"]
     return out
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is read: the next ASGI message can only be the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
