@@ -54,8 +54,9 @@ def from_dispatch(err: Exception) -> APIError:
         return APIError(503, str(err), code="no_capacity") if err.retryable else bad_request(str(err))
     if isinstance(err, (WorkerFailed, StreamFailed)):
         return APIError(503, f"a worker failed during the request: {err}", code="worker_failed")
-    if isinstance(err, ValueError):  # a worker refused the request's values
-        return bad_request(str(err))
+    if isinstance(err, ValueError):  # a worker refused the request's values (Ray wraps it: keep the cause's words)
+        cause = getattr(err, "cause", None)
+        return bad_request(str(cause if isinstance(cause, ValueError) else err).strip().splitlines()[-1])
     logger.error("unexpected error while serving a request", exc_info=err)
     return APIError(500, "internal server error")
 

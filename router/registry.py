@@ -51,11 +51,17 @@ class GuardedEndpoint:
             except (ValueError, asyncio.CancelledError):
                 raise
             except Exception as err:
-                reason = f"{method} failed: {type(err).__name__}: {err}"
+                # Ray's messages run over many lines of internals: the first one says what happened.
+                reason = f"{method} failed: {type(err).__name__}: {_first_line(err)}"
                 self._on_failure(reason)
                 raise WorkerFailed(reason) from err
 
         return guarded
+
+
+def _first_line(err: Exception) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 class WorkerRegistry:

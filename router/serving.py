@@ -141,9 +141,14 @@ class RequestRunner:
         self.admission.admit(len(prompts) * n)
         plan = [(i * n + j, prompt, max_tokens[i]) for i, prompt in enumerate(prompts) for j in range(n)]
         specs = [self._spec(sampling, limit, j) for (j, _, limit) in plan]
-        started = await asyncio.gather(
-            *(self.dispatcher.start(prompt, spec) for (_, prompt, _), spec in zip(plan, specs)), return_exceptions=True
-        )
+        try:
+            started = await asyncio.gather(
+                *(self.dispatcher.start(prompt, spec) for (_, prompt, _), spec in zip(plan, specs)),
+                return_exceptions=True,
+            )
+        except BaseException:  # cancelled (client gone): each start cleaned up after itself
+            self.admission.release(len(plan))
+            raise
         generations = [g for g in started if isinstance(g, Generation)]
         if len(generations) < len(started):
             for gen in generations:
