@@ -199,14 +199,29 @@ def test_full_admission_is_429_with_retry_after(served):
     _wait_all_free(served)
 
 
+def _aborted_count(s) -> float:
+    metrics = httpx.get(f"{s.server.url}/metrics").text
+    line = 'tandem:request_success_total{finished_reason="abort"}'
+    return sum(float(row.split()[-1]) for row in metrics.splitlines() if row.startswith(line))
+
+
 def test_a_dropped_stream_is_aborted_on_both_workers(served):
+    before = _aborted_count(served)
     args = dict(model=MODEL, prompt="Large language models predict", max_tokens=200, stream=True,
                 extra_body={"ignore_eos": True})  # fmt: skip
     with served.client.completions.create(**args) as stream:
         next(iter(stream))
     _wait_all_free(served)
-    metrics = httpx.get(f"{served.server.url}/metrics").text
-    assert 'tandem:request_success_total{finished_reason="abort"}' in metrics
+    assert _aborted_count(served) == before + 1
+
+
+def test_a_client_gone_before_a_whole_response_is_aborted_too(served):
+    before = _aborted_count(served)
+    body = {"model": MODEL, "prompt": "Large language models predict", "max_tokens": 240, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 240 tokens: its connection closes
+        httpx.post(f"{served.server.url}/v1/completions", json=body, timeout=httpx.Timeout(5, read=0.05))
+    _wait_all_free(served)
+    wait_for(lambda: _aborted_count(served) == before + 1, "the router to count the abort")
 
 
 def test_no_live_worker_is_503(served):
