@@ -42,7 +42,7 @@ from engine.remote_kv import (
 )
 from kvtransfer.codec import decode
 from kvtransfer.connector import TransferTimeouts
-from kvtransfer.engine_bridge import kv_spec_for, sampling_params
+from kvtransfer.engine_bridge import kv_spec_for, sampling_params, token_logprobs
 from kvtransfer.protocol import (
     DecodeReservation,
     DropShard,
@@ -237,6 +237,7 @@ class DecodeWorker:
             len(out.prompt_token_ids),
             len(completion.token_ids),
             out.num_cached_tokens,
+            logprobs=token_logprobs(completion.logprobs, len(new)),
         )
         self._send(delta)
 

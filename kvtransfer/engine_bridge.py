@@ -7,7 +7,7 @@ import os
 
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
-from kvtransfer.protocol import KVSpec, SamplingSpec
+from kvtransfer.protocol import KVSpec, SamplingSpec, TokenLogprob
 
 
 def sampling_params(spec: SamplingSpec) -> SamplingParams:
@@ -32,3 +32,11 @@ def kv_spec_for(config: EngineConfig) -> KVSpec:
         num_kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,
     )
+
+
+def token_logprobs(entries: list | None, last: int) -> tuple[TokenLogprob, ...]:
+    """The wire form of the `last` entries of a completion's logprobs (engine `TokenLogprobs`); () when not asked for."""
+    if not entries or last <= 0:
+        return ()
+    # None: a token sampled elsewhere (decode's copy of prefill's first token); never among the streamed ones.
+    return tuple(TokenLogprob(e.logprob, e.top) if e is not None else TokenLogprob(float("nan")) for e in entries[-last:])

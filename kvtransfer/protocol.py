@@ -220,6 +220,14 @@ class PrefillFailed:
 
 
 @message
+class TokenLogprob:
+    """One output token's logprob under the raw distribution, and the top alternatives (token id, logprob)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@message
 class TokenDelta:
     """New output tokens of one request; the last one has `finished` and the usage counts."""
 
@@ -232,6 +240,7 @@ class TokenDelta:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str = ""  # why an aborted request ended, when not by the client
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the request asked for logprobs
 
 
 @message

@@ -39,7 +39,7 @@ from engine.request import Request
 from engine.scheduler import SchedulerOutput
 from kvtransfer.codec import decode, encode
 from kvtransfer.connector import TransferTimeouts
-from kvtransfer.engine_bridge import kv_spec_for, sampling_params
+from kvtransfer.engine_bridge import kv_spec_for, sampling_params, token_logprobs
 from kvtransfer.protocol import (
     FirstToken,
     IncompatiblePeerError,
@@ -186,7 +186,8 @@ class PrefillWorker:
             self._give_up(request_id, failure)
             return
         task = self._tasks[request_id]
-        self.pushers.send(task.request.stream_address, TokenDelta(request_id, 0, (token,)))
+        logprobs = token_logprobs(out.outputs[0].logprobs, 1)
+        self.pushers.send(task.request.stream_address, TokenDelta(request_id, 0, (token,), logprobs=logprobs))
         self.pushers.send(task.reservation.inbox_address, FirstToken(request_id, token))
 
     def _transfer_ended(self, request_id: str, rank: int, peer: str, kind: str, reason: str) -> None:

@@ -1,0 +1,133 @@
+"""The router's FastAPI app: `create_app(config, registry)` wires every piece; the caller registers workers.
+
+    app = create_app(RouterConfig(model_dir=...), registry)
+    registry.register("decode-0", "decode", AsyncEncodedCalls(...))   # before or after start, on the app's loop
+    serve(app, config)                                                # router.server
+
+On startup the token stream binds and the periodic load refresh starts; on
+shutdown both stop after the aborts already sent have been delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from router.api_models import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from router.chat import create_chat_completion
+from router.completions import create_completion
+from router.config import RouterConfig
+from router.dispatch import Dispatcher
+from router.errors import APIError, install_error_handlers
+from router.metrics import RouterMetrics
+from router.policy import make_policy
+from router.registry import WorkerRegistry
+from router.served_model import ServedModel
+from router.serving import Admission, RequestRunner
+from router.token_stream import TokenStreamConsumer
+
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 429, 500, 503)}
+
+
+@dataclass
+class RouterState:
+    """Everything one app owns, for whoever embeds it (the cluster controller, tests)."""
+
+    config: RouterConfig
+    registry: WorkerRegistry
+    dispatcher: Dispatcher
+    runner: RequestRunner
+    metrics: RouterMetrics
+    created: int = 0
+
+    def ready(self) -> bool:
+        """Decode pool up, and prefill pool too unless decode workers prefill themselves."""
+        return bool(self.registry.live("decode")) and (self.config.colocated or bool(self.registry.live("prefill")))
+
+
+def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> FastAPI:
+    import time
+
+    registry = registry or WorkerRegistry(make_policy(config.routing_policy, **dict(config.routing_options)))
+    stream = TokenStreamConsumer(config.stream_address)
+    dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff)
+    metrics = RouterMetrics(registry)
+    admission = Admission(config.max_in_flight, config.retry_after_s)
+    metrics.in_flight.set_function(lambda: admission.in_use)
+    runner = RequestRunner(dispatcher, ServedModel(config), admission, metrics)
+    state = RouterState(config, registry, dispatcher, runner, metrics, int(time.time()))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await stream.start()
+        refresh = asyncio.create_task(registry.keep_loads_fresh(config.load_refresh_s, config.worker_call_timeout_s))
+        try:
+            yield
+        finally:
+            refresh.cancel()
+            await asyncio.gather(refresh, return_exceptions=True)
+            await dispatcher.drain_aborts()
+            await stream.close()
+
+    app = FastAPI(title="Tandem", summary="OpenAI-compatible API of a disaggregated LLM server", lifespan=lifespan)
+    app.state.router = state
+    install_error_handlers(app)
+    app.add_middleware(_StatusCounter, metrics=metrics)
+
+    # Handlers return JSONResponse (no second validation of the body); the models document it.
+    @app.post("/v1/completions", responses={200: {"model": CompletionResponse}, **_ERRORS})
+    async def completions(body: CompletionRequest, request: Request):
+        return await create_completion(body, runner, request)
+
+    @app.post("/v1/chat/completions", responses={200: {"model": ChatCompletionResponse}, **_ERRORS})
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await create_chat_completion(body, runner, request)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models():
+        card = ModelCard(id=runner.model.name, created=state.created, max_model_len=runner.model.max_model_len)
+        return ModelList(data=[card])
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health():
+        if not state.ready():
+            missing = "decode" if not registry.live("decode") else "prefill"
+            raise APIError(503, f"not ready: no {missing} worker is alive", code="no_live_worker")
+        return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class _StatusCounter:
+    """Pure ASGI middleware (streams pass through untouched): counts each response's status by endpoint."""
+
+    def __init__(self, app, metrics: RouterMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.http.labels(scope["path"], str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

@@ -1,0 +1,32 @@
+"""The router's settings, fixed for its lifetime (the `tandem serve` CLI builds one from flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtransfer.handoff import HandoffTimeouts
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    model_dir: str  # where the tokenizer (and config.json, for the context length) are read from
+    served_model_name: str = ""  # the `model` clients name; "" -> the model directory's base name
+    max_model_len: int | None = None  # prompt + output tokens; None -> config.json's max_position_embeddings
+    host: str = "127.0.0.1"
+    port: int = 8000
+    routing_policy: str = "round_robin"  # a name in router.policy.POLICIES
+    routing_options: tuple[tuple[str, object], ...] = ()  # keyword options for the policy
+    colocated: bool = False  # True: decode workers prefill themselves; no prefill pool is needed
+    max_in_flight: int = 256  # admitted sequences (a request with n=4 counts 4); beyond: 429
+    retry_after_s: int = 1  # the Retry-After a 429 carries
+    load_refresh_s: float = 0.5  # how often every worker's `load()` is read
+    worker_call_timeout_s: float = 10.0  # a load() slower than this marks the worker dead
+    stream_address: str = "tcp://127.0.0.1:0"  # the token stream's PULL (workers PUSH to it)
+    chat_template: str | None = None  # a Jinja template; None -> the tokenizer's own
+    handoff: HandoffTimeouts = field(default_factory=HandoffTimeouts)
+
+    @property
+    def model_name(self) -> str:
+        import os
+
+        return self.served_model_name or os.path.basename(os.path.normpath(self.model_dir))

@@ -1,0 +1,138 @@
+"""Dispatch: one sequence of one HTTP request, from routing to its last token, on the router's event loop.
+
+    start(prompt ids, sampling)
+      pick decode (free blocks) and prefill (the routing policy); in_flight += 1 on each
+      handoff: `kvtransfer.handoff.start_request_async` (reserve on decode, retry while full,
+               PrefillTask to prefill; abort both on failure)
+    Generation.chunks()   tokens in order from the token stream
+      first token arrives -> prefill's part is over: its in_flight -= 1
+      final delta         -> decode's part is over: its in_flight -= 1
+    Generation.close()    always called (finally); unfinished -> abort on both workers (frees their blocks)
+
+Ownership: the dispatcher owns the `in_flight` counts it adds and gives each back
+exactly once; a worker's blocks are the worker's, freed by the abort it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Sequence
+
+from kvtransfer.handoff import HandoffTimeouts, abort_request_async, start_request_async
+from kvtransfer.protocol import GenerateRequest, SamplingSpec
+from router.registry import WorkerRegistry
+from router.token_stream import OutputChunk, RequestOutputs, TokenStreamConsumer
+from router.worker_state import WorkerState
+
+logger = logging.getLogger("tandem.router")
+
+
+@dataclass
+class Generation:
+    """One dispatched sequence; iterate `chunks()`, then `close()` it whatever happened."""
+
+    request_id: str
+    decode: WorkerState
+    prefill: WorkerState | None  # None once its part is over (or when decode prefilled locally)
+    outputs: RequestOutputs
+    dispatcher: "Dispatcher" = field(repr=False)
+    finished: bool = False
+    closed: bool = False
+
+    async def chunks(self) -> AsyncIterator[OutputChunk]:
+        async for chunk in self.outputs.chunks():
+            if chunk.token_ids:
+                self.dispatcher._end_prefill_part(self)
+            if chunk.final is not None:
+                self.finished = True
+                self.dispatcher._end_decode_part(self)
+            yield chunk
+
+    def close(self) -> None:
+        """Idempotent. An unfinished generation (client gone, error) is aborted on both workers."""
+        self.dispatcher._close(self)
+
+
+class Dispatcher:
+    def __init__(self, registry: WorkerRegistry, stream: TokenStreamConsumer, colocated: bool = False,
+                 timeouts: HandoffTimeouts = HandoffTimeouts()):  # fmt: skip
+        self.registry, self.stream = registry, stream
+        self.colocated, self.timeouts = colocated, timeouts
+        self.active: dict[str, Generation] = {}
+        self._ids = itertools.count()
+        self._id_prefix = f"r{os.getpid():x}"
+        self._background: set[asyncio.Task] = set()  # aborts in flight, kept referenced until done
+        registry.on_dead(self._fail_requests_of)
+
+    async def start(self, prompt_ids: Sequence[int], sampling: SamplingSpec) -> Generation:
+        """Route and hand off; raises `NoLiveWorker`, `HandoffError`, `WorkerFailed` or ValueError (nothing held)."""
+        decode = self.registry.pick_decode()
+        prefill = None if self.colocated else self.registry.pick_prefill(prompt_ids)
+        request_id = f"{self._id_prefix}-{next(self._ids)}"
+        request = GenerateRequest(request_id, tuple(prompt_ids), sampling, self.stream.address)
+        gen = Generation(request_id, decode, prefill, self.stream.open(request_id), self)
+        decode.in_flight += 1
+        if prefill is not None:
+            prefill.in_flight += 1
+        self.active[request_id] = gen
+        try:
+            reservation = await start_request_async(
+                request, decode.endpoint, prefill.endpoint if prefill else None, self.timeouts
+            )
+        except BaseException:
+            gen.close()  # a cancelled handoff may have left a reservation behind: abort it
+            raise
+        if reservation.prefill_locally:
+            self._end_prefill_part(gen)
+        return gen
+
+    def _end_prefill_part(self, gen: Generation) -> None:
+        if gen.prefill is not None:
+            gen.prefill.in_flight -= 1
+            gen.prefill = None
+
+    def _end_decode_part(self, gen: Generation) -> None:
+        self._end_prefill_part(gen)  # a final delta means prefill's part is long over
+        if not gen.closed:
+            gen.decode.in_flight -= 1
+            gen.closed = True
+            self.active.pop(gen.request_id, None)
+            self.stream.close_request(gen.request_id)
+
+    def _close(self, gen: Generation) -> None:
+        if gen.closed:
+            return
+        prefill = gen.prefill
+        if not gen.finished:
+            self._abort(gen.request_id, gen.decode, prefill)
+        self._end_decode_part(gen)
+
+    def _abort(self, request_id: str, decode: WorkerState, prefill: WorkerState | None) -> None:
+        """Fire and forget: the caller may be a cancelled task, which cannot await any more."""
+        decode_ep = decode.endpoint if decode.alive else None
+        prefill_ep = prefill.endpoint if prefill is not None and prefill.alive else None
+        if decode_ep is None:
+            return
+        task = asyncio.get_running_loop().create_task(abort_request_async(request_id, decode_ep, prefill_ep))
+        self._background.add(task)
+        task.add_done_callback(self._abort_done)
+
+    def _abort_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("abort failed: %s", task.exception())
+
+    def _fail_requests_of(self, worker: WorkerState) -> None:
+        """A worker died: every request it held ends with an error (decode: always; prefill: before its first token)."""
+        for gen in list(self.active.values()):
+            if gen.decode is worker or gen.prefill is worker:
+                self.stream.fail(gen.request_id, f"worker {worker.name} failed")
+
+    async def drain_aborts(self) -> None:
+        """Wait for the aborts already sent (shutdown, tests)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)

@@ -1,0 +1,86 @@
+"""Errors as OpenAI sends them: `{"error": {"message", "type", "param", "code"}}` with the matching status.
+
+Every failure a handler can meet becomes an `APIError`; `install_error_handlers`
+turns it (and FastAPI's validation errors, unknown routes, anything unexpected)
+into that JSON. No traceback ever reaches a client: unexpected exceptions are
+logged here and answered with a generic 500.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvtransfer.handoff import HandoffError
+from router.registry import NoLiveWorker, WorkerFailed
+from router.token_stream import StreamFailed
+
+logger = logging.getLogger("tandem.router")
+
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+          429: "rate_limit_exceeded", 500: "internal_error", 503: "service_unavailable"}  # fmt: skip
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        kind = _TYPES.get(self.status, "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def from_dispatch(err: Exception) -> APIError:
+    """The HTTP form of what `Dispatcher.start` or a generation raised."""
+    if isinstance(err, APIError):
+        return err
+    if isinstance(err, NoLiveWorker):
+        return APIError(503, str(err), code="no_live_worker")
+    if isinstance(err, HandoffError):
+        return APIError(503, str(err), code="no_capacity") if err.retryable else bad_request(str(err))
+    if isinstance(err, (WorkerFailed, StreamFailed)):
+        return APIError(503, f"a worker failed during the request: {err}", code="worker_failed")
+    if isinstance(err, ValueError):  # a worker refused the request's values (Ray wraps it: keep the cause's words)
+        cause = getattr(err, "cause", None)
+        return bad_request(str(cause if isinstance(cause, ValueError) else err).strip().splitlines()[-1])
+    logger.error("unexpected error while serving a request", exc_info=err)
+    return APIError(500, "internal server error")
+
+
+def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return bad_request("the request body is not valid JSON").response()
+    param = ".".join(loc) or None
+    message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")
+    return bad_request(message, param).response()
+
+
+def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return APIError(exc.status_code, str(exc.detail)).response()
+
+
+def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    return from_dispatch(exc).response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, lambda _, exc: exc.response())
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,97 @@
+"""Prometheus metrics, named as vLLM names them with a `tandem:` prefix where vLLM has one.
+
+Per request (sequence): time to first token, time per output token, end-to-end
+latency, finish reasons, prompt and generated tokens, prefix-cache queries and
+hits (prompt tokens, and those the decode worker already held). Per HTTP
+response: status by endpoint. Per worker, read at scrape time from the
+registry: waiting, running, in-flight as the router counts it, KV-cache usage,
+prefix-cache hit rate, alive.
+
+KV transfer bytes and time are not here: workers do not report them yet
+(`WorkerLoad` has no such field; the prefill worker counts transfer outcomes only).
+Each app gets its own `CollectorRegistry`, so several routers can live in one process.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from router.registry import WorkerRegistry
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0)  # fmt: skip
+_TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+
+class RouterMetrics:
+    def __init__(self, workers: WorkerRegistry):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("tandem:time_to_first_token_seconds", "Time to first token.", buckets=_LATENCY_BUCKETS,
+                              registry=r)  # fmt: skip
+        self.tpot = Histogram("tandem:time_per_output_token_seconds", "Time per output token after the first.",
+                              buckets=_TPOT_BUCKETS, registry=r)  # fmt: skip
+        self.e2e = Histogram("tandem:e2e_request_latency_seconds", "End-to-end latency of one sequence.",
+                             buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.finished = Counter("tandem:request_success", "Sequences ended, by finish reason.", ["finished_reason"],
+                                registry=r)  # fmt: skip
+        self.http = Counter("tandem:http_requests", "HTTP responses, by endpoint and status.", ["endpoint", "status"],
+                            registry=r)  # fmt: skip
+        self.prompt_tokens = Counter("tandem:prompt_tokens", "Prompt tokens of finished sequences.", registry=r)
+        self.generation_tokens = Counter("tandem:generation_tokens", "Generated tokens.", registry=r)
+        self.cache_queries = Counter("tandem:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                     registry=r)  # fmt: skip
+        self.cache_hits = Counter("tandem:prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r)
+        self.in_flight = Gauge("tandem:num_sequences_in_flight", "Admitted sequences not yet ended.", registry=r)
+        r.register(_WorkerCollector(workers))
+
+    def sequence_finished(self, arrived: float, first_token_at: float | None, final) -> None:
+        now = time.monotonic()
+        self.e2e.observe(now - arrived)
+        if first_token_at is not None:
+            self.ttft.observe(first_token_at - arrived)
+            if final.num_output_tokens > 1:
+                self.tpot.observe((now - first_token_at) / (final.num_output_tokens - 1))
+        self.finished.labels(final.finish_reason or "unknown").inc()
+        self.prompt_tokens.inc(final.num_prompt_tokens)
+        self.generation_tokens.inc(final.num_output_tokens)
+        self.cache_queries.inc(final.num_prompt_tokens)
+        self.cache_hits.inc(final.num_cached_tokens)
+
+    def sequence_aborted(self) -> None:
+        """A sequence ended before its final delta (client gone, error): counted as `abort`."""
+        self.finished.labels("abort").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _WorkerCollector:
+    """Per-worker gauges from the registry's last `load()` reports and the router's own counts."""
+
+    def __init__(self, workers: WorkerRegistry):
+        self._workers = workers
+
+    def collect(self):
+        families = {
+            "waiting": GaugeMetricFamily("tandem:num_requests_waiting", "Requests queued on a worker.", labels=["worker", "role"]),
+            "running": GaugeMetricFamily("tandem:num_requests_running", "Requests running on a worker.", labels=["worker", "role"]),
+            "in_flight": GaugeMetricFamily("tandem:worker_in_flight", "Requests the router dispatched to a worker and not yet ended.", labels=["worker", "role"]),
+            "kv": GaugeMetricFamily("tandem:kv_cache_usage_perc", "Fraction of a worker's KV blocks in use (0-1).", labels=["worker", "role"]),
+            "hits": GaugeMetricFamily("tandem:worker_prefix_cache_hit_rate", "A worker's own prefix-cache hit rate.", labels=["worker", "role"]),
+            "alive": GaugeMetricFamily("tandem:worker_alive", "1 while the worker is in its pool.", labels=["worker", "role"]),
+        }  # fmt: skip
+        for w in list(self._workers.workers.values()):
+            labels = [w.name, w.role]
+            families["in_flight"].add_metric(labels, w.in_flight)
+            families["alive"].add_metric(labels, 1.0 if w.alive else 0.0)
+            if w.load is not None:
+                families["waiting"].add_metric(labels, w.load.waiting)
+                families["running"].add_metric(labels, w.load.running)
+                used = 1 - w.load.free_blocks / w.load.total_blocks if w.load.total_blocks else 0.0
+                families["kv"].add_metric(labels, used)
+                families["hits"].add_metric(labels, w.load.prefix_cache_hit_rate)
+        yield from families.values()

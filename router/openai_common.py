@@ -1,0 +1,105 @@
+"""Pieces the completions and chat endpoints share: model check, sampling from a body, SSE framing, ids."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from kvtransfer.protocol import SamplingSpec
+from router.api_models import _GenerationFields
+from router.errors import APIError, bad_request
+from router.serving import RunningRequest
+
+
+def check_model(body: _GenerationFields, served_name: str) -> None:
+    if body.model != served_name:
+        raise APIError(404, f"the model {body.model!r} does not exist; this server serves {served_name!r}",
+                       "model", "model_not_found")  # fmt: skip
+
+
+def refuse_unsupported(body: _GenerationFields, **extra_defaults) -> None:
+    """400 for a field Tandem cannot honour that is set to anything but its neutral value."""
+    if body.logit_bias:
+        raise bad_request("logit_bias is not supported", "logit_bias")
+    for name, neutral in extra_defaults.items():
+        if getattr(body, name) not in neutral:
+            raise bad_request(f"{name}={getattr(body, name)!r} is not supported", name)
+
+
+def sampling_from(body: _GenerationFields, logprobs: int | None) -> SamplingSpec:
+    """The wire sampling parameters (max_tokens and seed are set per sequence later)."""
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if any(not s for s in stop):
+        raise bad_request("stop strings must not be empty", "stop")
+    if body.max_tokens_asked is not None and body.min_tokens > body.max_tokens_asked:
+        raise bad_request("min_tokens must not exceed max_tokens", "min_tokens")
+    return SamplingSpec(
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,
+        repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, min_tokens=body.min_tokens, stop=stop,
+        stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs,
+        include_stop_str_in_output=body.include_stop_str_in_output, skip_special_tokens=body.skip_special_tokens,
+    )  # fmt: skip
+
+
+def response_id(prefix: str) -> tuple[str, int]:
+    return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
+
+
+def sse_response(running: RunningRequest, payloads: AsyncIterator[dict]) -> StreamingResponse:
+    """Server-sent events: one `data:` line per payload, an error payload if the request fails, then [DONE].
+
+    A client that goes away cancels the stream; `running.close()` then aborts its sequences on the workers."""
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            try:
+                async for payload in payloads:
+                    yield f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+            except APIError as err:
+                yield f"data: {json.dumps(err.body())}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            running.close()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def collect(running: RunningRequest, request: Request) -> dict[int, dict]:
+    """Every choice's full text, token logprobs and finish reason (non-streaming responses).
+
+    A client that disconnects meanwhile gets its sequences aborted on the workers at once."""
+    work = asyncio.ensure_future(_gather(running))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            work.cancel()
+            raise APIError(400, "the client disconnected")
+        return work.result()
+    finally:
+        gone.cancel()
+        running.close()
+
+
+async def _gather(running: RunningRequest) -> dict[int, dict]:
+    out = {c.index: {"text": "", "logprobs": [], "token_ids": [], "finish_reason": None} for c in running.choices}
+    async for update in running.updates():
+        choice = out[update.index]
+        choice["text"] += update.text
+        choice["logprobs"] += update.logprobs
+        choice["token_ids"] += update.token_ids
+        choice["finish_reason"] = update.finish_reason or choice["finish_reason"]
+    return out
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is read: the next ASGI message can only be the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,133 @@
+"""The workers the router may send to, both pools, and how it learns that one died.
+
+Ownership: the registry owns every `WorkerState` and lives on the router's
+event loop; `register` / `unregister` are called from outside (the cluster
+controller) on that loop (`RouterServer.call_soon` from another thread). A
+worker leaves the pool when unregistered, or is marked dead when a call to it
+fails (a `load()` in the periodic refresh, or any dispatch call): then the
+routing policy forgets it and the dispatcher fails the requests it held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable, Sequence
+
+from router.decode_choice import pick_decode
+from router.policy import RoutingPolicy
+from router.worker_state import Role, WorkerState
+
+logger = logging.getLogger("tandem.router")
+
+
+class NoLiveWorker(RuntimeError):
+    """No worker of a pool is alive: the request cannot be served now (HTTP 503)."""
+
+    def __init__(self, role: Role):
+        super().__init__(f"no {role} worker is alive")
+        self.role = role
+
+
+class WorkerFailed(RuntimeError):
+    """A call to a worker failed: the worker is marked dead (HTTP 503 for the request that saw it)."""
+
+
+class GuardedEndpoint:
+    """A worker's async endpoint whose failures mark the worker dead.
+
+    A ValueError (also Ray's task error wrapping one) is the request's fault, not
+    the worker's: it passes through and the worker stays alive."""
+
+    def __init__(self, endpoint, on_failure: Callable[[str], None]):
+        self._endpoint, self._on_failure = endpoint, on_failure
+
+    def __getattr__(self, method: str):
+        call = getattr(self._endpoint, method)
+
+        async def guarded(*args):
+            try:
+                return await call(*args)
+            except (ValueError, asyncio.CancelledError):
+                raise
+            except Exception as err:
+                # Ray's messages run over many lines of internals: the first one says what happened.
+                reason = f"{method} failed: {type(err).__name__}: {_first_line(err)}"
+                self._on_failure(reason)
+                raise WorkerFailed(reason) from err
+
+        return guarded
+
+
+def _first_line(err: Exception) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+class WorkerRegistry:
+    def __init__(self, policy: RoutingPolicy, choose_decode: Callable[[Sequence[WorkerState]], WorkerState] = pick_decode):
+        self.policy = policy
+        self.choose_decode = choose_decode
+        self.workers: dict[str, WorkerState] = {}
+        self._dead_listeners: list[Callable[[WorkerState], None]] = []
+
+    # ---- membership (called by the cluster) -------------------------------
+    def register(self, name: str, role: Role, endpoint) -> WorkerState:
+        """Add a worker; `endpoint` has async `reserve`/`prefill`, `abort`, `load` (e.g. `AsyncEncodedCalls`)."""
+        if name in self.workers and self.workers[name].alive:
+            raise ValueError(f"worker {name!r} is already registered")
+        guarded = GuardedEndpoint(endpoint, lambda reason: self.mark_dead(name, reason))
+        state = self.workers[name] = WorkerState(name, role, guarded)
+        return state
+
+    def unregister(self, name: str) -> None:
+        self.mark_dead(name, "unregistered")
+        self.workers.pop(name, None)
+
+    def on_dead(self, listener: Callable[[WorkerState], None]) -> None:
+        self._dead_listeners.append(listener)
+
+    def mark_dead(self, name: str, reason: str) -> None:
+        state = self.workers.get(name)
+        if state is None or not state.alive:
+            return
+        logger.warning("worker %s is out of the pool: %s", name, reason)
+        state.alive = False
+        self.policy.forget(name)
+        for listener in self._dead_listeners:
+            listener(state)
+
+    # ---- choosing ----------------------------------------------------------
+    def live(self, role: Role) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.role == role and w.alive]
+
+    def pick_prefill(self, tokens: Sequence[int]) -> WorkerState:
+        workers = self.live("prefill")
+        if not workers:
+            raise NoLiveWorker("prefill")
+        return self.policy.pick(tokens, workers)
+
+    def pick_decode(self) -> WorkerState:
+        workers = self.live("decode")
+        if not workers:
+            raise NoLiveWorker("decode")
+        return self.choose_decode(workers)
+
+    # ---- load --------------------------------------------------------------
+    async def refresh_loads(self, timeout_s: float) -> None:
+        """Read every live worker's `load()` at once; one that fails or times out is marked dead."""
+        workers = [w for w in self.workers.values() if w.alive]
+        results = await asyncio.gather(
+            *(asyncio.wait_for(w.endpoint.load(), timeout_s) for w in workers), return_exceptions=True
+        )
+        for worker, result in zip(workers, results):
+            if isinstance(result, BaseException):
+                self.mark_dead(worker.name, f"load() failed: {type(result).__name__}: {result}")
+            else:
+                worker.load = result
+
+    async def keep_loads_fresh(self, interval_s: float, timeout_s: float) -> None:
+        """Run until cancelled: a refresh every `interval_s`."""
+        while True:
+            await self.refresh_loads(timeout_s)
+            await asyncio.sleep(interval_s)

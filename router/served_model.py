@@ -1,0 +1,80 @@
+"""What the router knows of the model it serves: its name, context length, tokenizer and chat template.
+
+Tokenization happens here, in the router (routing works on token ids; workers
+receive ids, never text). Loaded once at startup; read-only afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from router.config import RouterConfig
+from router.detokenize import TextStream
+from router.errors import bad_request
+
+
+class ServedModel:
+    def __init__(self, config: RouterConfig):
+        from transformers import AutoTokenizer
+
+        self.name = config.model_name
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        self.max_model_len = config.max_model_len or _context_length(config.model_dir)
+        self._chat_template = config.chat_template
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """The chat template applied (with the assistant's turn opened), then tokenized like the text it makes."""
+        template = self._chat_template or getattr(self.tokenizer, "chat_template", None)
+        if not template:
+            raise bad_request(f"model {self.name} has no chat template; use /v1/completions", "messages")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, chat_template=template, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as err:  # jinja raises its own types for messages a template rejects
+            raise bad_request(f"the chat template rejected the messages: {err}", "messages") from None
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def check_ids(self, token_ids: list[int], param: str = "prompt") -> None:
+        vocab = len(self.tokenizer)
+        if not token_ids:
+            raise bad_request("the prompt is empty", param)
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
+
+    def max_tokens_for(self, prompt_len: int, asked: int | None, param: str = "max_tokens") -> int:
+        """Output tokens allowed: `asked`, or all the context the prompt leaves; 400 when that does not fit."""
+        room = self.max_model_len - prompt_len
+        if room <= 0:
+            raise bad_request(
+                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has {prompt_len}",
+                "messages" if param == "max_completion_tokens" else "prompt",
+            )
+        if asked is not None and asked > room:
+            raise bad_request(
+                f"{param}={asked} plus the prompt's {prompt_len} tokens exceeds the maximum context length "
+                f"{self.max_model_len}; ask for at most {room}",
+                param,
+            )
+        return asked if asked is not None else room
+
+    def text_stream(self, prompt_ids: list[int], stop: tuple[str, ...], include_stop: bool,
+                    skip_special_tokens: bool, min_tokens: int) -> TextStream:  # fmt: skip
+        return TextStream(self.tokenizer, prompt_ids, stop, include_stop, skip_special_tokens, min_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """A token's text; its vocabulary form when alone it is part of a character (else several read "\ufffd")."""
+        text = self.tokenizer.decode([token_id])
+        return self.tokenizer.convert_ids_to_tokens(token_id) if "\ufffd" in text else text
+
+
+def _context_length(model_dir: str) -> int:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    raise ValueError(f"{model_dir}/config.json names no context length; set RouterConfig.max_model_len")

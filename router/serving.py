@@ -1,0 +1,171 @@
+"""What both OpenAI endpoints share: admission, fan-out of prompts x n, and one merged stream of choice updates.
+
+    RequestRunner.start(prompts, sampling, n)      admit (or 429), dispatch every sequence (or fail all)
+    async for update in running.updates():        text deltas of every choice, as they come, in any order
+    running.close()                                always (finally): aborts what is unfinished, releases admission
+
+Choice `i` is prompt `i // n`, sample `i % n`, as OpenAI numbers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from kvtransfer.protocol import SamplingSpec, TokenDelta, TokenLogprob
+from router.detokenize import TextStream
+from router.dispatch import Dispatcher, Generation
+from router.errors import APIError, from_dispatch
+from router.metrics import RouterMetrics
+from router.served_model import ServedModel
+
+
+class Admission:
+    """At most `limit` sequences in flight; beyond it a request is refused at once (429) rather than queued."""
+
+    def __init__(self, limit: int, retry_after_s: int):
+        self.limit, self.retry_after_s, self.in_use = limit, retry_after_s, 0
+
+    def admit(self, n: int) -> None:
+        if self.in_use + n > self.limit:
+            raise APIError(429, f"the server is at its limit of {self.limit} sequences in flight; retry later",
+                           code="too_many_requests", headers={"Retry-After": str(self.retry_after_s)})  # fmt: skip
+        self.in_use += n
+
+    def release(self, n: int) -> None:
+        self.in_use -= n
+
+
+@dataclass
+class ChoiceUpdate:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    final: TokenDelta | None = None  # set on the choice's last update
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.final.finish_reason if self.final is not None else None
+
+
+@dataclass
+class _Choice:
+    index: int
+    generation: Generation
+    text: TextStream
+    first_token_at: float | None = None
+    final: TokenDelta | None = None
+
+
+@dataclass
+class RunningRequest:
+    choices: list[_Choice]
+    prompt_lengths: list[int]
+    arrived: float
+    runner: "RequestRunner" = field(repr=False)
+    _closed: bool = False
+
+    async def updates(self) -> AsyncIterator[ChoiceUpdate]:
+        """Every choice's updates until all finished; raises `APIError` if one fails (the rest are aborted)."""
+        if len(self.choices) == 1:
+            async for update in self._choice_updates(self.choices[0]):
+                yield update
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(self._pump(c, queue)) for c in self.choices]
+        try:
+            for _ in self.choices:
+                while (item := await queue.get()) is not None:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _pump(self, choice: _Choice, queue: asyncio.Queue) -> None:
+        try:
+            async for update in self._choice_updates(choice):
+                queue.put_nowait(update)
+            queue.put_nowait(None)
+        except Exception as err:
+            queue.put_nowait(err)
+
+    async def _choice_updates(self, choice: _Choice) -> AsyncIterator[ChoiceUpdate]:
+        try:
+            async for chunk in choice.generation.chunks():
+                if choice.first_token_at is None and chunk.token_ids:
+                    choice.first_token_at = time.monotonic()
+                text = choice.text.add(chunk.token_ids)
+                if chunk.final is not None:
+                    if chunk.final.finish_reason == "abort":
+                        raise APIError(500, f"generation failed on a worker: {chunk.final.error or 'aborted'}",
+                                       code="worker_error")  # fmt: skip
+                    text += choice.text.finish()
+                    choice.final = chunk.final
+                    self.runner.metrics.sequence_finished(self.arrived, choice.first_token_at, chunk.final)
+                yield ChoiceUpdate(choice.index, text, chunk.token_ids, chunk.logprobs, chunk.final)
+        except APIError:
+            raise
+        except Exception as err:
+            raise from_dispatch(err) from None
+
+    def usage(self) -> dict:
+        completion = sum(c.final.num_output_tokens for c in self.choices if c.final is not None)
+        prompt = sum(self.prompt_lengths)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def close(self) -> None:
+        """Idempotent: aborts unfinished choices on their workers and gives their admission back."""
+        if self._closed:
+            return
+        self._closed = True
+        for choice in self.choices:
+            if choice.final is None:
+                self.runner.metrics.sequence_aborted()
+            choice.generation.close()
+        self.runner.admission.release(len(self.choices))
+
+
+class RequestRunner:
+    def __init__(self, dispatcher: Dispatcher, model: ServedModel, admission: Admission, metrics: RouterMetrics):
+        self.dispatcher, self.model, self.admission, self.metrics = dispatcher, model, admission, metrics
+
+    async def start(self, prompts: list[list[int]], sampling: SamplingSpec, n: int, arrived: float,
+                    max_tokens: list[int]) -> RunningRequest:  # fmt: skip
+        """Dispatch n sequences per prompt (prompt i gets `max_tokens[i]`); raises `APIError`, holding nothing."""
+        self.admission.admit(len(prompts) * n)
+        plan = [(i * n + j, prompt, max_tokens[i]) for i, prompt in enumerate(prompts) for j in range(n)]
+        specs = [self._spec(sampling, limit, j) for (j, _, limit) in plan]
+        try:
+            started = await asyncio.gather(
+                *(self.dispatcher.start(prompt, spec) for (_, prompt, _), spec in zip(plan, specs)),
+                return_exceptions=True,
+            )
+        except BaseException:  # cancelled (client gone): each start cleaned up after itself
+            self.admission.release(len(plan))
+            raise
+        generations = [g for g in started if isinstance(g, Generation)]
+        if len(generations) < len(started):
+            for gen in generations:
+                gen.close()
+            self.admission.release(len(plan))
+            raise from_dispatch(next(e for e in started if not isinstance(e, Generation)))
+        choices = [
+            _Choice(index, gen, self._text_stream(prompt, sampling))
+            for (index, prompt, _), gen in zip(plan, generations)
+        ]
+        return RunningRequest(choices, [len(p) for p in prompts], arrived, self)
+
+    @staticmethod
+    def _spec(sampling: SamplingSpec, max_tokens: int, choice_index: int) -> SamplingSpec:
+        # n samples of one prompt must differ: each gets its own seed derived from the request's.
+        seed = None if sampling.seed is None or choice_index == 0 else (sampling.seed + choice_index) % 2**63
+        return dataclasses.replace(sampling, max_tokens=max_tokens, seed=seed)
+
+    def _text_stream(self, prompt: list[int], s: SamplingSpec) -> TextStream:
+        return self.model.text_stream(prompt, s.stop, s.include_stop_str_in_output, s.skip_special_tokens, s.min_tokens)

@@ -1,0 +1,235 @@
+"""The router end to end: the official `openai` client -> router on loopback -> prefill + decode actors on Ray.
+
+One Ray cluster (1 prefill, 1 decode, tiny llama) and one router serve the whole
+module. Greedy outputs equal transformers' greedy generate; every error status
+comes back in OpenAI's format; a client that drops a stream frees its blocks.
+"""
+
+from __future__ import annotations
+
+import types
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from decode_worker.actor import start_decode_actor
+from decode_worker.worker import DecodeWorkerConfig
+from engine import EngineArgs
+from kvtransfer.handoff import AsyncEncodedCalls
+from prefill_worker.actor import start_prefill_actor
+from prefill_worker.worker import PrefillWorkerConfig
+from router.app import create_app
+from router.config import RouterConfig
+from router.server import RouterServer
+from tests.conftest import hf_greedy
+from tests.e2e.harness import wait_for
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+MODEL = "tiny-llama"
+GREEDY = dict(temperature=0, max_tokens=8, extra_body={"ignore_eos": True})
+MAX_IN_FLIGHT = 6
+
+
+def _remote(handle) -> AsyncEncodedCalls:
+    return AsyncEncodedCalls(lambda method, payload: getattr(handle, method).remote(payload))
+
+
+@pytest.fixture(scope="module")
+def served(ray_session, tiny_model_dirs):
+    model_dir = tiny_model_dirs["llama"]
+    args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256)
+    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0"))
+    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0"))
+    config = RouterConfig(model_dir, MODEL, max_model_len=256, chat_template=CHAT_TEMPLATE,
+                          max_in_flight=MAX_IN_FLIGHT)  # fmt: skip
+    app = create_app(config)
+    ray_session.get([a.is_idle.remote() for a in (prefill, decode)])  # built: the cluster registers ready workers
+    registry = app.state.router.registry
+    registry.register("prefill-0", "prefill", _remote(prefill))
+    registry.register("decode-0", "decode", _remote(decode))
+    server = RouterServer(app)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    try:
+        yield types.SimpleNamespace(client=client, server=server, actors=[prefill, decode], model_dir=model_dir,
+                                    tokenizer=AutoTokenizer.from_pretrained(model_dir), app=app)  # fmt: skip
+        assert ray_session.get([a.shutdown.remote() for a in (prefill, decode)]) == [True, True]
+    finally:
+        server.stop()
+        for actor in (prefill, decode):
+            ray_session.kill(actor, no_restart=True)
+
+
+def _greedy_text(s, prompt_ids, n=8) -> str:
+    return s.tokenizer.decode(hf_greedy(s.model_dir, prompt_ids, n), skip_special_tokens=True)
+
+
+def _chat_ids(s, messages) -> list[int]:
+    text = s.tokenizer.apply_chat_template(messages, chat_template=CHAT_TEMPLATE, add_generation_prompt=True,
+                                           tokenize=False)  # fmt: skip
+    return s.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _wait_all_free(s) -> None:
+    import ray
+
+    wait_for(lambda: all(ray.get([a.is_idle.remote() for a in s.actors])), "the workers to go idle")
+    assert ray.get([a.pool_all_free.remote() for a in s.actors]) == [True, True]
+
+
+def test_completion_equals_transformers_greedy_with_usage(served):
+    prompt = "The quick brown fox"
+    ids = served.tokenizer(prompt)["input_ids"]
+    out = served.client.completions.create(model=MODEL, prompt=prompt, **GREEDY)
+    assert out.choices[0].text == _greedy_text(served, ids)
+    assert out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (len(ids), 8, len(ids) + 8)
+    by_ids = served.client.completions.create(model=MODEL, prompt=ids, **GREEDY)
+    assert by_ids.choices[0].text == out.choices[0].text
+
+
+def test_streamed_completion_has_the_same_text_then_usage(served):
+    prompt = "Paris is the capital of"
+    ids = served.tokenizer(prompt)["input_ids"]
+    chunks = list(served.client.completions.create(model=MODEL, prompt=prompt, stream=True,
+                                                   stream_options={"include_usage": True}, **GREEDY))  # fmt: skip
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == _greedy_text(served, ids)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].usage.prompt_tokens == len(ids)
+
+
+def test_chat_streamed_and_not_equals_transformers_greedy(served):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}]
+    expected = _greedy_text(served, _chat_ids(served, messages))
+    out = served.client.chat.completions.create(model=MODEL, messages=messages, **GREEDY)
+    assert out.choices[0].message.content == expected and out.choices[0].message.role == "assistant"
+    assert out.usage.prompt_tokens == len(_chat_ids(served, messages)) and out.usage.completion_tokens == 8
+    chunks = list(served.client.chat.completions.create(model=MODEL, messages=messages, stream=True, **GREEDY))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_n_choices_and_several_prompts(served):
+    prompts = ["The quick brown fox", "Large language models"]
+    out = served.client.completions.create(model=MODEL, prompt=prompts, n=2, **GREEDY)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    for c in out.choices:
+        assert c.text == _greedy_text(served, served.tokenizer(prompts[c.index // 2])["input_ids"])
+    assert out.usage.completion_tokens == 4 * 8
+    assert out.usage.prompt_tokens == sum(len(served.tokenizer(p)["input_ids"]) for p in prompts)
+    chunks = list(served.client.completions.create(model=MODEL, prompt=prompts[0], n=3, stream=True, **GREEDY))
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(3)]
+    assert texts == [out.choices[0].text] * 3
+
+
+def test_stop_string_ends_the_text_where_the_engine_stops(served):
+    prompt = "héllo wörld, 世界"
+    full = _greedy_text(served, served.tokenizer(prompt)["input_ids"], 16)
+    stop = full[5:7]  # the text before it cannot contain it: the first match is here
+    assert stop not in full[:6], "pick another prompt: the stop string occurs earlier"
+    args = dict(model=MODEL, prompt=prompt, temperature=0, max_tokens=16, stop=[stop], extra_body={"ignore_eos": True})
+    out = served.client.completions.create(**args)
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (full[:5], "stop")
+    assert out.usage.completion_tokens < 16
+    chunks = list(served.client.completions.create(stream=True, **args))
+    assert "".join(c.choices[0].text for c in chunks) == full[:5]
+
+
+def test_logprobs_of_greedy_tokens_are_the_top_ones(served):
+    out = served.client.completions.create(model=MODEL, prompt="Berlin is", logprobs=2, **GREEDY)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 2 and chosen <= 0 and chosen == pytest.approx(max(top.values()))
+    chat = served.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                 logprobs=True, top_logprobs=1, **GREEDY)  # fmt: skip
+    assert len(chat.choices[0].logprobs.content) == 8
+
+
+def test_models_health_metrics_and_openapi(served):
+    assert [m.id for m in served.client.models.list().data] == [MODEL]
+    assert httpx.get(f"{served.server.url}/health").status_code == 200
+    schema = httpx.get(f"{served.server.url}/openapi.json").json()
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"} <= set(schema["paths"])
+    served.client.completions.create(model=MODEL, prompt="Paris", **GREEDY)
+    metrics = httpx.get(f"{served.server.url}/metrics").text
+    for name in ("tandem:time_to_first_token_seconds_count", "tandem:time_per_output_token_seconds_count",
+                 "tandem:e2e_request_latency_seconds_count", 'tandem:request_success_total{finished_reason="length"}',
+                 'tandem:kv_cache_usage_perc{role="decode",worker="decode-0"}', "tandem:prefix_cache_hits_total",
+                 'tandem:http_requests_total{endpoint="/v1/completions",status="200"}'):  # fmt: skip
+        assert name in metrics, name
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and "Traceback" not in error["message"]
+    return error
+
+
+def test_invalid_requests_are_400_and_an_unknown_model_404(served):
+    url = f"{served.server.url}/v1/completions"
+    assert _error(httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}), 400)
+    assert _error(httpx.post(url, json={"model": MODEL, "prompt": "hi", "temperature": -1}), 400)["param"] == "temperature"
+    assert _error(httpx.post(url, json={"model": MODEL, "prompt": [5] * 300}), 400)["param"] == "prompt"
+    assert _error(httpx.post(url, json={"model": MODEL, "prompt": "hi", "max_tokens": 1000}), 400)["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError):
+        served.client.completions.create(model=MODEL, prompt="hi", max_tokens=1000)
+    with pytest.raises(openai.NotFoundError):
+        served.client.completions.create(model="gpt-4", prompt="hi")
+    assert _error(httpx.post(f"{served.server.url}/v1/chat/completions", json={"model": "x", "messages": []}), 400)
+
+
+def test_full_admission_is_429_with_retry_after(served):
+    url = f"{served.server.url}/v1/completions"
+    hog = dict(model=MODEL, prompt="The quick brown fox", n=MAX_IN_FLIGHT, max_tokens=100, stream=True,
+               extra_body={"ignore_eos": True})  # fmt: skip
+    with served.client.completions.create(**hog) as stream:
+        next(iter(stream))
+        response = httpx.post(url, json={"model": MODEL, "prompt": "hi"})
+        assert _error(response, 429)["type"] == "rate_limit_exceeded"
+        assert response.headers["retry-after"] == "1"
+    _wait_all_free(served)
+
+
+def _aborted_count(s) -> float:
+    metrics = httpx.get(f"{s.server.url}/metrics").text
+    line = 'tandem:request_success_total{finished_reason="abort"}'
+    return sum(float(row.split()[-1]) for row in metrics.splitlines() if row.startswith(line))
+
+
+def test_a_dropped_stream_is_aborted_on_both_workers(served):
+    before = _aborted_count(served)
+    args = dict(model=MODEL, prompt="Large language models predict", max_tokens=200, stream=True,
+                extra_body={"ignore_eos": True})  # fmt: skip
+    with served.client.completions.create(**args) as stream:
+        next(iter(stream))
+    _wait_all_free(served)
+    assert _aborted_count(served) == before + 1
+
+
+def test_a_client_gone_before_a_whole_response_is_aborted_too(served):
+    before = _aborted_count(served)
+    body = {"model": MODEL, "prompt": "Large language models predict", "max_tokens": 240, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 240 tokens: its connection closes
+        httpx.post(f"{served.server.url}/v1/completions", json=body, timeout=httpx.Timeout(5, read=0.05))
+    _wait_all_free(served)
+    wait_for(lambda: _aborted_count(served) == before + 1, "the router to count the abort")
+
+
+def test_no_live_worker_is_503(served):
+    config = RouterConfig(served.model_dir, MODEL, max_model_len=256)
+    server = RouterServer(create_app(config))  # no worker registered
+    try:
+        assert _error(httpx.get(f"{server.url}/health"), 503)["code"] == "no_live_worker"
+        response = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "hi"})
+        assert "decode" in _error(response, 503)["message"]
+    finally:
+        server.stop()

@@ -1,0 +1,129 @@
+"""The dispatch layer on an event loop with real workers (prefill and decode actors built in-process, no Ray).
+
+Calls cross as msgpack bytes exactly as over Ray (`AsyncEncodedCalls`), tokens come
+back over the real ZMQ token stream; outputs equal transformers' greedy generate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from decode_worker.actor import DecodeActor
+from decode_worker.worker import DecodeWorkerConfig
+from engine import EngineArgs
+from kvtransfer.handoff import AsyncEncodedCalls
+from kvtransfer.protocol import SamplingSpec
+from prefill_worker.actor import PrefillActor
+from prefill_worker.worker import PrefillWorkerConfig
+from router.dispatch import Dispatcher
+from router.policy import make_policy
+from router.registry import NoLiveWorker, WorkerFailed, WorkerRegistry
+from router.token_stream import TokenStreamConsumer
+from tests.conftest import hf_greedy
+from tests.e2e.harness import PROMPTS, wait_for
+
+GREEDY = SamplingSpec(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def _local(actor) -> AsyncEncodedCalls:
+    """An actor object in this process, each call on a thread (as Ray runs it on the actor's)."""
+    return AsyncEncodedCalls(lambda method, payload: asyncio.to_thread(getattr(actor, method), payload))
+
+
+@pytest.fixture(scope="module")
+def actors(tiny_model_dirs):
+    args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256)
+    prefill = PrefillActor(args, PrefillWorkerConfig("prefill-0"), torch_threads=None)
+    decode = DecodeActor(args, DecodeWorkerConfig("decode-0"), torch_threads=None)
+    yield prefill, decode
+    for actor in (prefill, decode):
+        actor.loop.stop()
+
+
+@contextlib.asynccontextmanager
+async def _dispatcher(prefill, decode):
+    registry = WorkerRegistry(make_policy("round_robin"))
+    registry.register("prefill-0", "prefill", _local(prefill))
+    registry.register("decode-0", "decode", _local(decode))
+    stream = TokenStreamConsumer()
+    await stream.start()
+    try:
+        yield Dispatcher(registry, stream), registry
+    finally:
+        await stream.close()
+
+
+async def _run(dispatcher: Dispatcher, prompt, sampling=GREEDY):
+    gen = await dispatcher.start(prompt, sampling)
+    tokens, final = [], None
+    try:
+        async for chunk in gen.chunks():
+            tokens += chunk.token_ids
+            final = chunk.final or final
+    finally:
+        gen.close()
+    return tokens, final
+
+
+def _all_free(*actors) -> bool:
+    return all(a.is_idle() and a.pool_all_free() for a in actors)
+
+
+def test_concurrent_requests_match_transformers_and_give_back_their_load(actors, tiny_model_dirs):
+    async def main():
+        async with _dispatcher(*actors) as (dispatcher, registry):
+            results = await asyncio.gather(*(_run(dispatcher, p) for p in PROMPTS.values()))
+            await registry.refresh_loads(10.0)
+            return results, registry
+
+    results, registry = asyncio.run(main())
+    for (tokens, final), prompt in zip(results, PROMPTS.values()):
+        assert tokens == hf_greedy(tiny_model_dirs["llama"], prompt, 8)
+        assert (final.finish_reason, final.num_prompt_tokens, final.num_output_tokens) == ("length", len(prompt), 8)
+    assert [w.in_flight for w in registry.workers.values()] == [0, 0]
+    assert registry.workers["decode-0"].load.total_blocks == 48
+    wait_for(lambda: _all_free(*actors), "both pools to be free")
+
+
+def test_closing_an_unfinished_generation_aborts_it_on_both_workers(actors):
+    long_run = SamplingSpec(temperature=0.0, max_tokens=150, ignore_eos=True)
+
+    async def main():
+        async with _dispatcher(*actors) as (dispatcher, registry):
+            gen = await dispatcher.start(PROMPTS["long"], long_run)
+            async for chunk in gen.chunks():
+                assert chunk.final is None
+                break
+            gen.close()
+            assert [w.in_flight for w in registry.workers.values()] == [0, 0]
+            await dispatcher.drain_aborts()
+            return actors[1].is_idle()
+
+    # The abort was awaited above, so decode holds nothing now, well before its 150 tokens.
+    assert asyncio.run(main())
+    wait_for(lambda: _all_free(*actors), "both pools to be free")
+
+
+def test_a_failing_worker_is_marked_dead_and_forgotten(actors, tiny_model_dirs):
+    args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256)
+    stopped = PrefillActor(args, PrefillWorkerConfig("prefill-gone"), torch_threads=None)
+    stopped.loop.stop()  # every call now raises, as a dead actor's would
+
+    async def main():
+        async with _dispatcher(*actors) as (dispatcher, registry):
+            registry.unregister("prefill-0")
+            registry.register("prefill-gone", "prefill", _local(stopped))
+            with pytest.raises(WorkerFailed):
+                await dispatcher.start(PROMPTS["mid"], GREEDY)
+            assert not registry.workers["prefill-gone"].alive
+            with pytest.raises(NoLiveWorker, match="prefill"):
+                await dispatcher.start(PROMPTS["mid"], GREEDY)
+            await dispatcher.drain_aborts()
+            return registry
+
+    registry = asyncio.run(main())
+    assert registry.workers["decode-0"].in_flight == 0
+    wait_for(lambda: _all_free(*actors), "decode to free the aborted reservation")
