@@ -14,7 +14,7 @@ class RouterConfig:
     max_model_len: int | None = None  # prompt + output tokens; None -> config.json's max_position_embeddings
     host: str = "127.0.0.1"
     port: int = 8000
-    routing_policy: str = "round_robin"  # a name in router.policy.POLICIES
+    routing_policy: str = "cache_aware"  # a name in router.policy.POLICIES (cache_aware, least_loaded, round_robin)
     routing_options: tuple[tuple[str, object], ...] = ()  # keyword options for the policy
     colocated: bool = False  # True: decode workers prefill themselves; no prefill pool is needed
     max_in_flight: int = 256  # admitted sequences (a request with n=4 counts 4); beyond: 429

@@ -70,7 +70,7 @@ class Dispatcher:
 
     async def start(self, prompt_ids: Sequence[int], sampling: SamplingSpec) -> Generation:
         """Route and hand off; raises `NoLiveWorker`, `HandoffError`, `WorkerFailed` or ValueError (nothing held)."""
-        decode = self.registry.pick_decode()
+        decode = self.registry.pick_decode(prompt_ids)
         prefill = None if self.colocated else self.registry.pick_prefill(prompt_ids)
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         request = GenerateRequest(request_id, tuple(prompt_ids), sampling, self.stream.address)

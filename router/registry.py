@@ -14,8 +14,7 @@ import asyncio
 import logging
 from typing import Callable, Sequence
 
-from router.decode_choice import pick_decode
-from router.policy import RoutingPolicy
+from router.policy import RoutingPolicy, make_decode_policy
 from router.worker_state import Role, WorkerState
 
 logger = logging.getLogger("tandem.router")
@@ -65,9 +64,9 @@ def _first_line(err: Exception) -> str:
 
 
 class WorkerRegistry:
-    def __init__(self, policy: RoutingPolicy, choose_decode: Callable[[Sequence[WorkerState]], WorkerState] = pick_decode):
-        self.policy = policy
-        self.choose_decode = choose_decode
+    def __init__(self, policy: RoutingPolicy, decode_policy: RoutingPolicy | None = None):
+        self.policy = policy  # the prefill pool's (cache_aware, least_loaded, round_robin)
+        self.decode_policy = decode_policy or make_decode_policy()
         self.workers: dict[str, WorkerState] = {}
         self._dead_listeners: list[Callable[[WorkerState], None]] = []
 
@@ -94,6 +93,7 @@ class WorkerRegistry:
         logger.warning("worker %s is out of the pool: %s", name, reason)
         state.alive = False
         self.policy.forget(name)
+        self.decode_policy.forget(name)
         for listener in self._dead_listeners:
             listener(state)
 
@@ -107,11 +107,11 @@ class WorkerRegistry:
             raise NoLiveWorker("prefill")
         return self.policy.pick(tokens, workers)
 
-    def pick_decode(self) -> WorkerState:
+    def pick_decode(self, tokens: Sequence[int]) -> WorkerState:
         workers = self.live("decode")
         if not workers:
             raise NoLiveWorker("decode")
-        return self.choose_decode(workers)
+        return self.decode_policy.pick(tokens, workers)
 
     # ---- load --------------------------------------------------------------
     async def refresh_loads(self, timeout_s: float) -> None:

@@ -93,7 +93,7 @@ def bench_decisions(seconds: float = 1.0) -> float:
     tokens, n, start = list(range(64)), 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         for _ in range(1000):
-            registry.pick_prefill(tokens), registry.pick_decode()
+            registry.pick_prefill(tokens), registry.pick_decode(tokens)
         n += 1000
     return n / (time.perf_counter() - start)
 
