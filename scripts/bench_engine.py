@@ -199,10 +199,17 @@ def measure_copy_bandwidth(mib: int = 256, reps: int = 10) -> dict:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of all parameters, each storage once (tied embedding/lm_head count once)."""
+    """Bytes of the checkpoint's weights, each storage once (tied embedding/lm_head count once).
+
+    A linear whose weight the native kernels packed (and dropped as a parameter)
+    counts its [out, in] matrix, not the packing's zero padding."""
     seen: dict[int, int] = {}
     for p in model.parameters():
         seen[p.data_ptr()] = p.numel() * p.element_size()
+    for module in model.modules():
+        packed = getattr(module, "kernel_weight", None)
+        if getattr(module, "weight", True) is None and packed is not None:
+            seen[packed.data.data_ptr()] = packed.out_features * packed.data.shape[1] * packed.data.element_size()
     return sum(seen.values())
 
 
