@@ -17,6 +17,7 @@ import functools
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 
 logger = logging.getLogger("tandem.engine")
@@ -42,10 +43,38 @@ def load_cpu_kernels():
         from torch.utils.cpp_extension import load
 
         logger.info("loading native CPU kernels (compiled on first use, ~1 min; cached afterwards)")
+        clear_stale_build_lock(_build_directory(_module_name()))
         return load(_module_name(), [str(s) for s in _SOURCES], extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"])
     except Exception as err:  # a missing compiler or ninja shows up as many exception types
         logger.warning("native CPU kernels unavailable (%s); using the PyTorch path", err)
         return None
+
+
+# A build takes 1-5 minutes here; a lock older than this was left by a build that was killed.
+STALE_LOCK_S = 20 * 60
+
+
+def clear_stale_build_lock(build_dir: str | Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove the build's lock file if a killed build left it behind; True if removed.
+
+    torch's extension builder waits on that file forever, so one interrupted build
+    would otherwise hang every later process that loads the kernels."""
+    lock = Path(build_dir) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age_s:
+        return False
+    logger.warning("removing a stale native-kernel build lock (%s, %.0f s old)", lock, age)
+    lock.unlink(missing_ok=True)
+    return True
+
+
+def _build_directory(name: str) -> str:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return _get_build_directory(name, verbose=False)
 
 
 def _module_name() -> str:
