@@ -14,54 +14,29 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from decode_worker.actor import start_decode_actor
-from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from kvtransfer.handoff import AsyncEncodedCalls
-from prefill_worker.actor import start_prefill_actor
-from prefill_worker.worker import PrefillWorkerConfig
 from router.app import create_app
 from router.config import RouterConfig
 from router.server import RouterServer
 from tests.conftest import hf_greedy
 from tests.e2e.harness import wait_for
+from tests.e2e.router_cluster import CHAT_TEMPLATE, router_on_ray
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
-)
 MODEL = "tiny-llama"
 GREEDY = dict(temperature=0, max_tokens=8, extra_body={"ignore_eos": True})
 MAX_IN_FLIGHT = 6
-
-
-def _remote(handle) -> AsyncEncodedCalls:
-    return AsyncEncodedCalls(lambda method, payload: getattr(handle, method).remote(payload))
 
 
 @pytest.fixture(scope="module")
 def served(ray_session, tiny_model_dirs):
     model_dir = tiny_model_dirs["llama"]
     args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256)
-    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0"))
-    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0"))
     config = RouterConfig(model_dir, MODEL, max_model_len=256, chat_template=CHAT_TEMPLATE,
                           max_in_flight=MAX_IN_FLIGHT)  # fmt: skip
-    app = create_app(config)
-    ray_session.get([a.is_idle.remote() for a in (prefill, decode)])  # built: the cluster registers ready workers
-    registry = app.state.router.registry
-    registry.register("prefill-0", "prefill", _remote(prefill))
-    registry.register("decode-0", "decode", _remote(decode))
-    server = RouterServer(app)
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
-    try:
-        yield types.SimpleNamespace(client=client, server=server, actors=[prefill, decode], model_dir=model_dir,
-                                    tokenizer=AutoTokenizer.from_pretrained(model_dir), app=app)  # fmt: skip
-        assert ray_session.get([a.shutdown.remote() for a in (prefill, decode)]) == [True, True]
-    finally:
-        server.stop()
-        for actor in (prefill, decode):
-            ray_session.kill(actor, no_restart=True)
+    with router_on_ray(ray_session, args, config) as stack:
+        client = openai.OpenAI(base_url=f"{stack.server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        yield types.SimpleNamespace(client=client, server=stack.server, actors=stack.actors, model_dir=model_dir,
+                                    tokenizer=AutoTokenizer.from_pretrained(model_dir), app=stack.app)  # fmt: skip
 
 
 def _greedy_text(s, prompt_ids, n=8) -> str:

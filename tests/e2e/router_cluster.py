@@ -1,0 +1,46 @@
+"""A live router on loopback with one prefill and one decode actor on local Ray: the served stack of e2e tests."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+from decode_worker.actor import start_decode_actor
+from decode_worker.worker import DecodeWorkerConfig
+from engine import EngineArgs
+from kvtransfer.handoff import AsyncEncodedCalls
+from prefill_worker.actor import start_prefill_actor
+from prefill_worker.worker import PrefillWorkerConfig
+from router.app import create_app
+from router.config import RouterConfig
+from router.server import RouterServer
+
+# The tiny test models have no chat template of their own.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+
+def _remote(handle) -> AsyncEncodedCalls:
+    return AsyncEncodedCalls(lambda method, payload: getattr(handle, method).remote(payload))
+
+
+@contextlib.contextmanager
+def router_on_ray(ray, args: EngineArgs, config: RouterConfig):
+    """Yield (server, app, [prefill, decode]); on exit the workers must shut down clean (all blocks free)."""
+    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0"))
+    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0"))
+    app = create_app(config)
+    ray.get([a.is_idle.remote() for a in (prefill, decode)])  # built: the cluster registers ready workers
+    registry = app.state.router.registry
+    registry.register("prefill-0", "prefill", _remote(prefill))
+    registry.register("decode-0", "decode", _remote(decode))
+    server = RouterServer(app)
+    try:
+        yield types.SimpleNamespace(server=server, app=app, actors=[prefill, decode])
+        assert ray.get([a.shutdown.remote() for a in (prefill, decode)]) == [True, True]
+    finally:
+        server.stop()
+        for actor in (prefill, decode):
+            ray.kill(actor, no_restart=True)
