@@ -31,16 +31,20 @@ def length_range(length: int, range_ratio: float) -> tuple[int, int]:
 
 
 def _usable_token_ids(tokenizer) -> np.ndarray:
+    """Ids that decode alone to text: no special tokens, no stray bytes of a multi-byte character."""
     special = set(tokenizer.all_special_ids)
-    return np.array([i for i in range(len(tokenizer)) if i not in special])
+    return np.array([i for i in range(len(tokenizer)) if i not in special and "\ufffd" not in tokenizer.decode([i])])
 
 
 def random_text(rng: np.random.Generator, tokenizer, vocab: np.ndarray, num_tokens: int) -> tuple[str, int]:
-    """Text of random tokens that re-tokenizes to about `num_tokens` tokens; (text, its token count)."""
+    """Text of random tokens that re-tokenizes to `num_tokens` tokens (or near it); (text, its token count)."""
     ids = rng.choice(vocab, size=num_tokens).tolist()
-    # Decoding then encoding can merge or split tokens: cut back to the asked length once, then count.
-    ids = tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False)[:num_tokens]
-    text = tokenizer.decode(ids)
+    for _ in range(10):  # decoding then encoding can merge or split tokens: cut or pad until it holds
+        text = tokenizer.decode(ids)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == num_tokens:
+            break
+        ids = ids[:num_tokens] + rng.choice(vocab, size=max(0, num_tokens - len(ids))).tolist()
     return text, len(tokenizer.encode(text, add_special_tokens=False))
 
 

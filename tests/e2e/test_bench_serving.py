@@ -61,6 +61,7 @@ def test_random_completions_json_counts_and_plots(served, tmp_path):
     assert (result["backend"], result["request_rate"], result["max_concurrency"]) == ("openai", "inf", 4)
     _check_counts(result)
     assert result["output_lens"] == [OUTPUT_LEN] * NUM_PROMPTS  # ignore_eos: exactly as asked
+    assert result["input_lens"] == [24] * NUM_PROMPTS
     assert result["request_goodput"] == pytest.approx(result["request_throughput"])  # every request meets a 10 min SLO
     for metric in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "std", "p50", "p99"):
