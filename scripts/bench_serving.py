@@ -32,8 +32,6 @@ from serving_bench.metrics import (  # noqa: E402
     METRICS, compute_metrics, metric_values, parse_goodput, per_second, percentile_key)
 from serving_bench.runner import fetch_model_id, run_load  # noqa: E402
 
-DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts", "errors")
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -139,10 +137,12 @@ def main(argv=None) -> dict:
               "label": args.label, "model_id": model, "tokenizer_id": tokenizer_id, "num_prompts": args.num_prompts,
               "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",
               "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, **metrics}  # fmt: skip
+    # Kept always, as vLLM keeps them; the other per-request lists only with --save-detailed.
+    result.update(latencies=[o.latency for o in outputs], queue_times=[o.queue_time for o in outputs])
     if args.save_detailed:
         result.update(input_lens=[o.prompt_len for o in outputs], output_lens=output_lens,
                       ttfts=[o.ttft for o in outputs], itls=[o.itl for o in outputs],
-                      latencies=[o.latency for o in outputs], start_times=[o.start_time - t0 for o in outputs],
+                      start_times=[o.start_time - t0 for o in outputs],
                       generated_texts=[o.generated_text for o in outputs], errors=[o.error for o in outputs])  # fmt: skip
     if args.save_result or args.plot:
         save(args, result, outputs, output_lens, t0, duration)

@@ -22,6 +22,7 @@ COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 class RequestOutput:
     prompt_len: int
     start_time: float = 0.0  # perf_counter when sent
+    queue_time: float = 0.0  # s from its arrival time to its send, waiting for a --max-concurrency slot
     success: bool = False
     ttft: float = 0.0  # s
     latency: float = 0.0  # s, end to end

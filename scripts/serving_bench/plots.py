@@ -44,7 +44,8 @@ def throughput_over_time(path: Path, tokens_per_s, running, label: str) -> Path:
     twin.step(seconds, running, where="post", color="tab:orange", label="requests in flight")
     twin.set_ylabel("requests in flight")
     ax.set_title(f"Throughput over time: {label}")
-    fig.legend(loc="upper right")
+    handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="lower center", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import aiohttp
@@ -41,11 +42,10 @@ async def run_load(base_url: str, endpoint: str, model: str, samples: list[Sampl
         bar = tqdm(total=len(samples), disable=not progress, desc="requests")
 
         async def one(body: dict, prompt_len: int) -> RequestOutput:
-            if limit is None:
+            arrived = time.perf_counter()
+            async with limit or contextlib.nullcontext():
                 out = await send_request(session, base_url, endpoint, body, prompt_len)
-            else:
-                async with limit:
-                    out = await send_request(session, base_url, endpoint, body, prompt_len)
+            out.queue_time = out.start_time - arrived
             bar.update(1)
             return out
 

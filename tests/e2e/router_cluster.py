@@ -27,8 +27,11 @@ def _remote(handle) -> AsyncEncodedCalls:
 
 
 @contextlib.contextmanager
-def router_on_ray(ray, args: EngineArgs, config: RouterConfig):
-    """Yield (server, app, [prefill, decode]); on exit the workers must shut down clean (all blocks free)."""
+def router_on_ray(ray, args: EngineArgs, config: RouterConfig, port: int = 0):
+    """Yield (server, app, [prefill, decode]), the router on loopback at `port` (0: any free one).
+
+    On exit the workers must shut down clean (every block free); the actors are killed either way.
+    """
     prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0"))
     decode = start_decode_actor(args, DecodeWorkerConfig("decode-0"))
     app = create_app(config)
@@ -36,7 +39,7 @@ def router_on_ray(ray, args: EngineArgs, config: RouterConfig):
     registry = app.state.router.registry
     registry.register("prefill-0", "prefill", _remote(prefill))
     registry.register("decode-0", "decode", _remote(decode))
-    server = RouterServer(app)
+    server = RouterServer(app, port=port)
     try:
         yield types.SimpleNamespace(server=server, app=app, actors=[prefill, decode])
         assert ray.get([a.shutdown.remote() for a in (prefill, decode)]) == [True, True]

@@ -16,6 +16,14 @@ from tests.e2e.router_cluster import CHAT_TEMPLATE, router_on_ray
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
 NUM_PROMPTS, OUTPUT_LEN = 8, 6
+# The keys of `vllm bench serve --save-result --save-detailed` (0.32, text generation) that a run fills.
+VLLM_KEYS = {
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts", "request_rate",
+    "burstiness", "max_concurrency", "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "request_goodput", "output_throughput", "total_token_throughput", "input_lens",
+    "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times", "generated_texts", "errors",
+    "max_output_tokens_per_s", "max_concurrent_requests",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +47,8 @@ def _bench(url: str, model_dir: str, result_dir: Path, *flags: str) -> dict:
 
 
 def _check_counts(result: dict) -> None:
+    assert VLLM_KEYS <= set(result), VLLM_KEYS - set(result)
+    assert all(len(result[k]) == NUM_PROMPTS for k in VLLM_KEYS if isinstance(result[k], list))
     assert result["completed"] + result["failed"] == result["num_prompts"] == NUM_PROMPTS
     assert result["failed"] == 0 and result["errors"] == [""] * NUM_PROMPTS
     assert result["total_input_tokens"] == sum(result["input_lens"])
