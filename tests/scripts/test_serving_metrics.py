@@ -11,9 +11,9 @@ from scripts.serving_bench.traffic import arrival_gaps
 
 T0 = 100.0
 # A: 4 tokens, TTFT 100 ms, TPOT (160 - 100) / 3 = 20 ms. B: 2 tokens, TTFT 300 ms, TPOT 100 ms. C failed.
-A = RequestOutput(10, T0 + 0.0, True, 0.1, 0.16, [0.02, 0.02, 0.02], 4, "abcd")
-B = RequestOutput(20, T0 + 0.5, True, 0.3, 0.4, [0.1], 2, "ef")
-C = RequestOutput(30, T0 + 1.2, False, latency=0.1, error="HTTP 500")
+A = RequestOutput(10, T0 + 0.0, success=True, ttft=0.1, latency=0.16, itl=[0.02] * 3, output_tokens=4)
+B = RequestOutput(20, T0 + 0.5, success=True, ttft=0.3, latency=0.4, itl=[0.1], output_tokens=2)
+C = RequestOutput(30, T0 + 1.2, success=False, latency=0.1, error="HTTP 500")
 OUTPUTS, LENS = [A, B, C], [4, 2, 0]
 
 
@@ -59,7 +59,8 @@ def test_no_successful_request_gives_zeros_not_an_error():
 
 
 def test_in_flight_peaks_and_tokens_per_second():
-    d = RequestOutput(1, T0 + 0.1, True, 0.2, 1.5, [0.5, 0.5], 3, "xyz")  # 100.1 .. 101.6, tokens at .3, .8, 1.3
+    # In flight 100.1 .. 101.6, text at 100.3, 100.8, 101.3.
+    d = RequestOutput(1, T0 + 0.1, success=True, ttft=0.2, latency=1.5, itl=[0.5, 0.5], output_tokens=3)
     assert in_flight_peaks([A, B, C, d], T0, 3).tolist() == [2, 2, 0]
     tokens, running = per_second([A, B, C, d], [4, 2, 0, 3], T0, 2.5)
     assert tokens.tolist() == [4 + 2 + 2, 1, 0] and running.tolist() == [2, 2, 0]
