@@ -185,8 +185,8 @@ def main() -> None:
         from tests.tiny_models import build_tiny_model
 
         model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="bench-router-"), "llama"))
-    ctx = ray.init(num_cpus=2, namespace=NAMESPACE, include_dashboard=False, logging_level="WARNING",
-                   log_to_driver=False, _node_ip_address="127.0.0.1")  # fmt: skip
+    ctx = ray.init(address="local", num_cpus=2, namespace=NAMESPACE, include_dashboard=False,
+                   logging_level="WARNING", log_to_driver=False, _node_ip_address="127.0.0.1")  # fmt: skip
     decode_h = ray.remote(StubDecode).options(name="decode-0", num_cpus=0).remote()
     prefill_h = ray.remote(StubPrefill).options(name="prefill-0", num_cpus=0).remote()
     from transformers import AutoTokenizer

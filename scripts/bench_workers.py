@@ -131,8 +131,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.model = str(resolve_model(args.model))
     prompts = workload(args)
-    ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, logging_level="WARNING",
-             log_to_driver=False)  # fmt: skip
+    ray.init(address="local", num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False,
+             logging_level="WARNING", log_to_driver=False)  # fmt: skip
     try:
         rows = [run_mode(mode, args, prompts) for mode in MODES]
     finally:

@@ -10,6 +10,7 @@ def ray_session():
     import ray
 
     ray.init(
+        address="local",  # always a fresh Ray of our own, never one another process registered on this host
         num_cpus=4,
         _node_ip_address="127.0.0.1",
         include_dashboard=False,
