@@ -81,9 +81,9 @@ def serve(args: argparse.Namespace) -> None:
 
     from cluster.deployment import Deployment, connect_ray
 
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends us like Ctrl-C: through the cleanup below
+    _stop_on_signals()
     where = connect_ray(args.address)
-    signal.signal(signal.SIGTERM, _interrupt)  # again: ray.init may install its own
+    _stop_on_signals()  # again: ray.init may install its own
     deployment = None
     try:
         print(f"tandem: {where}; starting {spec.prefill.replicas} prefill + {spec.decode.replicas} decode workers",
@@ -104,6 +104,13 @@ def serve(args: argparse.Namespace) -> None:
             deployment.stop()
         ray.shutdown()
     print("tandem: stopped", flush=True)
+
+
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM end `serve` like Ctrl-C, through its cleanup (SIGINT also when a
+    non-interactive shell started us in the background with SIGINT ignored)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
 
 
 def _interrupt(signum, frame) -> None:
