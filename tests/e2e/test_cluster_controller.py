@@ -48,6 +48,7 @@ def cluster(tiny_model_dirs):
     model_dir = tiny_model_dirs["llama"]
     spec = parse_spec({
         "model": model_dir,
+        "data_plane": "node_ip",  # as on a real cluster: sockets on each node's Ray address (127.0.0.2 here)
         "engine": {"num_kv_blocks": 48, "max_model_len": 256},
         "router": {"port": 0, "served_model_name": "tiny"},
         "prefill": {"resources": {"gpu_a": 1}, "node_labels": {"tier": "prefill"}},
@@ -77,9 +78,16 @@ def _nodes(c, role: str) -> list[str]:
 
 
 def test_workers_land_where_their_pool_says_and_serve_greedy_text(cluster):
+    import ray
+
     assert _nodes(cluster, "prefill") == [cluster.node_a]
     assert _nodes(cluster, "decode") == [cluster.node_b]
     assert _complete(cluster) == cluster.expected
+    # The data plane listens on the nodes' Ray address, where other machines would reach it.
+    (decode,) = cluster.controller.pool("decode")
+    kv_address = ray.get(decode.rank0.__ray_call__.remote(lambda actor: actor.loop.call(lambda w: w.receiver.address)))
+    assert kv_address.startswith(f"tcp://{HOST}:")
+    assert cluster.deployment.app.state.router.dispatcher.stream.address.startswith(f"tcp://{HOST}:")
 
 
 def test_a_killed_worker_is_restarted_and_serves_again(cluster):
