@@ -6,7 +6,8 @@
 
 Workers land where their pool says and serve transformers' greedy text; a
 killed worker is restarted by the controller and serves again; scaling both
-pools up and back down under a stream of requests drops none of them.
+pools up and back down under a stream of requests drops none of them; a
+tensor-parallel worker's placement group keeps its ranks on a node with its label.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from transformers import AutoTokenizer
 
 from cluster.cli import main
 from cluster.deployment import Deployment
-from cluster.spec import parse_spec
+from cluster.spec import parse_spec, with_overrides
 from cluster.status import cluster_status
+from cluster.workers import launch
 from tests.conftest import hf_greedy
 from tests.e2e.harness import wait_for
 
@@ -142,3 +144,18 @@ def test_scaling_up_and_down_under_a_stream_of_requests_drops_none(cluster, caps
     pools = json.loads(capsys.readouterr().out)["pools"]
     assert [len(pools[role]["workers"]) for role in ("prefill", "decode")] == [1, 1]
     assert all(w["alive"] and not w["draining"] for pool in pools.values() for w in pool["workers"])
+
+
+def test_a_tensor_parallel_worker_keeps_its_ranks_on_a_node_with_its_label(cluster):
+    """TP=2 asks for the label only: its placement group lands both ranks on node A."""
+    import ray
+
+    spec = with_overrides(cluster.controller.spec, {"prefill.tensor_parallel_size": 2, "prefill.resources": {}})
+    worker = launch(spec, "prefill", "prefill-tp")
+    try:
+        worker.wait_ready(120)
+        where = worker.tp.followers[0].__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+        follower_node = ray.get(where)
+        assert (worker.node_id, follower_node) == (cluster.node_a, cluster.node_a)
+    finally:
+        assert worker.stop()  # a clean shutdown of both ranks, nothing held
