@@ -83,6 +83,10 @@ class WorkerRegistry:
         self.mark_dead(name, "unregistered")
         self.workers.pop(name, None)
 
+    def drain(self, name: str) -> None:
+        """Send the worker no new requests; those it holds finish (then the cluster unregisters it)."""
+        self.workers[name].draining = True
+
     def on_dead(self, listener: Callable[[WorkerState], None]) -> None:
         self._dead_listeners.append(listener)
 
@@ -101,14 +105,18 @@ class WorkerRegistry:
     def live(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role and w.alive]
 
+    def pickable(self, role: Role) -> list[WorkerState]:
+        """Live and not draining: the workers new requests may go to."""
+        return [w for w in self.live(role) if not w.draining]
+
     def pick_prefill(self, tokens: Sequence[int]) -> WorkerState:
-        workers = self.live("prefill")
+        workers = self.pickable("prefill")
         if not workers:
             raise NoLiveWorker("prefill")
         return self.policy.pick(tokens, workers)
 
     def pick_decode(self, tokens: Sequence[int]) -> WorkerState:
-        workers = self.live("decode")
+        workers = self.pickable("decode")
         if not workers:
             raise NoLiveWorker("decode")
         return self.decode_policy.pick(tokens, workers)

@@ -25,6 +25,7 @@ class WorkerState:
     load: WorkerLoad | None = None  # last load the worker reported
     in_flight: int = 0  # dispatched and not yet ended, counted by the router
     alive: bool = True
+    draining: bool = False  # finishing what it holds; gets no new requests (the cluster removes it next)
 
     @property
     def pending(self) -> int:

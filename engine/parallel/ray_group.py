@@ -51,26 +51,37 @@ class TPActors:
 
 
 def start_tp_actors(rank0_cls, follower_cls, engine_args, config, torch_threads: int | None = 1,
-                    timeout_s: float = 300.0, **options) -> TPActors:  # fmt: skip
+                    timeout_s: float = 300.0, bundle: dict | None = None, label_selector: dict | None = None,
+                    **options) -> TPActors:  # fmt: skip
     """engine_args.tensor_parallel_size actors as in the module doc; `options` go to rank 0's `.options()`.
 
     Rank 0 is `rank0_cls(engine_args, config, torch_threads, False)` (False: start later),
-    rank r > 0 is `follower_cls(engine_args, config, torch_threads, r)`; every actor asks num_cpus=0."""
+    rank r > 0 is `follower_cls(engine_args, config, torch_threads, r)`; every actor asks num_cpus=0.
+    `bundle`: resources each rank's bundle adds (e.g. {"GPU": 1}); `label_selector`: labels the node must carry."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     tp_size = engine_args.tensor_parallel_size
-    group = placement_group([BUNDLE] * tp_size, strategy="STRICT_PACK")
-    ray.get(group.ready(), timeout=timeout_s)
+    selectors = [dict(label_selector)] * tp_size if label_selector else None
+    group = placement_group([{**BUNDLE, **(bundle or {})}] * tp_size, strategy="STRICT_PACK",
+                            bundle_label_selector=selectors)  # fmt: skip
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except BaseException:  # no node fits (yet): do not leave a pending group behind
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(group)
+        raise
+    gpus = (bundle or {}).get("GPU", 0)  # a rank asks its bundle's GPUs, so Ray makes them visible to it
     actors = []
     for rank in range(tp_size):
         placement = {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)}
         if rank == 0:
-            opts = {"num_cpus": 0, **options, **placement}
+            opts = {"num_cpus": 0, "num_gpus": gpus, **options, **placement}
             actors.append(ray.remote(rank0_cls).options(**opts).remote(engine_args, config, torch_threads, False))
         else:
-            follower = ray.remote(follower_cls).options(num_cpus=0, **placement)
+            follower = ray.remote(follower_cls).options(num_cpus=0, num_gpus=gpus, **placement)
             actors.append(follower.remote(engine_args, config, torch_threads, rank))
     tp = TPActors(actors[0], actors[1:], group)
     try:

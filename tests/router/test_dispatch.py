@@ -127,3 +127,21 @@ def test_a_failing_worker_is_marked_dead_and_forgotten(actors, tiny_model_dirs):
     registry = asyncio.run(main())
     assert registry.workers["decode-0"].in_flight == 0
     wait_for(lambda: _all_free(*actors), "decode to free the aborted reservation")
+
+
+def test_a_draining_worker_finishes_what_it_holds_and_gets_nothing_new(actors, tiny_model_dirs):
+    async def main():
+        async with _dispatcher(*actors) as (dispatcher, registry):
+            held = asyncio.create_task(_run(dispatcher, PROMPTS["long"]))
+            await asyncio.sleep(0)  # dispatched: both workers count it
+            assert [w.in_flight for w in registry.workers.values()] == [1, 1]
+            registry.drain("decode-0")
+            with pytest.raises(NoLiveWorker, match="decode"):
+                await dispatcher.start(PROMPTS["mid"], GREEDY)
+            tokens, final = await held
+            assert registry.workers["decode-0"].alive and registry.workers["decode-0"].in_flight == 0
+            return tokens, final
+
+    tokens, final = asyncio.run(main())
+    assert tokens == hf_greedy(tiny_model_dirs["llama"], PROMPTS["long"], 8) and final.finish_reason == "length"
+    wait_for(lambda: _all_free(*actors), "both pools to be free")

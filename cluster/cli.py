@@ -1,0 +1,175 @@
+"""The `tandem` command line.
+
+    tandem serve [--model M] [--port 8000] [--num-prefill 1 --num-decode 1] [--config spec.yaml] [--address ADDR]
+    tandem scale --prefill N --decode M [--url http://127.0.0.1:8000]
+    tandem status [--url http://127.0.0.1:8000] [--json]
+
+`serve` without `--address` starts an embedded local Ray; flags override the
+spec file's fields (vLLM's names). Ctrl-C (SIGINT) or SIGTERM stops the
+workers, the router and the embedded Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import urllib.error
+import urllib.request
+
+from cluster.spec import ClusterSpec, SpecError, load_spec, with_overrides
+
+# flag dest -> spec field; a flag left unset keeps the spec's value
+_FLAG_FIELDS = {
+    "model": "model",
+    "max_model_len": "engine.max_model_len",
+    "max_num_seqs": "engine.max_num_seqs",
+    "max_num_batched_tokens": "engine.max_num_batched_tokens",
+    "block_size": "engine.block_size",
+    "enable_prefix_caching": "engine.enable_prefix_caching",
+    "kv_cache_memory": "engine.kv_cache_memory",
+    "num_kv_blocks": "engine.num_kv_blocks",
+    "host": "router.host",
+    "port": "router.port",
+    "routing_policy": "router.routing_policy",
+    "served_model_name": "router.served_model_name",
+    "num_prefill": "prefill.replicas",
+    "num_decode": "decode.replicas",
+}
+_BOTH_POOLS = {"dtype": "dtype", "tensor_parallel_size": "tensor_parallel_size"}
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model: Ray workers (prefill + decode) behind an OpenAI-compatible router")
+    p.add_argument("--config", help="cluster spec YAML (pools, resources, engine, router); flags override it")
+    p.add_argument("--address", help="join this Ray cluster (ray start --head ...); default: an embedded local Ray")
+    p.add_argument("--model", help="HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="default 8000")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="both pools")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--kv-cache-memory", type=int, help="KV cache bytes per worker")
+    p.add_argument("--num-kv-blocks", type=int, help="KV cache blocks per worker (instead of --kv-cache-memory)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, help="both pools")
+    p.add_argument("--routing-policy", help="cache_aware (default), least_loaded, round_robin")
+    p.add_argument("--num-prefill", type=int, help="prefill workers (0: decode workers prefill themselves)")
+    p.add_argument("--num-decode", type=int, help="decode workers")
+
+
+def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
+    """The spec file (or the defaults) with every flag that was given laid over it."""
+    spec = load_spec(args.config) if args.config else ClusterSpec()
+    overrides = {field: getattr(args, dest) for dest, field in _FLAG_FIELDS.items() if getattr(args, dest) is not None}
+    for dest, field in _BOTH_POOLS.items():
+        if getattr(args, dest) is not None:
+            overrides[f"prefill.{field}"] = overrides[f"decode.{field}"] = getattr(args, dest)
+    if args.address and "data_plane" not in spec.model_fields_set:
+        overrides["data_plane"] = "node_ip"  # workers may be on other machines: bind where they can reach
+    return with_overrides(spec, overrides)
+
+
+def serve(args: argparse.Namespace) -> None:
+    spec = spec_from_args(args)  # a bad flag or file fails here, before anything starts
+
+    import ray
+
+    from cluster.deployment import Deployment, connect_ray
+
+    _stop_on_signals()
+    where = connect_ray(args.address)
+    _stop_on_signals()  # again: ray.init may install its own
+    deployment = None
+    try:
+        print(f"tandem: {where}; starting {spec.prefill.replicas} prefill + {spec.decode.replicas} decode workers",
+              flush=True)  # fmt: skip
+        deployment = Deployment(spec)
+        deployment.start()
+        from cluster.status import cluster_status, render_status
+
+        print(render_status(cluster_status(deployment.controller)), flush=True)
+        print(f"tandem: serving {deployment.config.model_name} at {deployment.url}/v1 (Ctrl-C to stop)", flush=True)
+        signal.pause()
+    except KeyboardInterrupt:
+        print("tandem: shutting down", flush=True)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if deployment is not None:
+            deployment.stop()
+        ray.shutdown()
+    print("tandem: stopped", flush=True)
+
+
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM end `serve` like Ctrl-C, through its cleanup (SIGINT also when a
+    non-interactive shell started us in the background with SIGINT ignored)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+class AdminError(RuntimeError):
+    """`tandem scale` / `status` could not get an answer from the router."""
+
+
+def _admin(url: str, path: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"}
+    request = urllib.request.Request(f"{url.rstrip('/')}{path}", data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=3600) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as err:
+        raise AdminError(f"{path}: HTTP {err.code}: {err.read().decode(errors='replace')}") from None
+    except urllib.error.URLError as err:
+        raise AdminError(f"cannot reach tandem at {url}: {err.reason}") from None
+
+
+def _print_status(status: dict, as_json: bool) -> None:
+    from cluster.status import render_status
+
+    print(json.dumps(status, indent=2) if as_json else render_status(status))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tandem", description="Disaggregated prefill/decode LLM serving on Ray")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    for name, what in (("scale", "resize the pools of a running `tandem serve`"), ("status", "pools, workers, nodes")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--url", default="http://127.0.0.1:8000", help="the router of `tandem serve`")
+        p.add_argument("--json", action="store_true", help="print the raw status")
+        if name == "scale":
+            p.add_argument("--prefill", type=int, help="prefill workers")
+            p.add_argument("--decode", type=int, help="decode workers")
+    args = parser.parse_args(argv)
+    if args.command == "scale" and args.prefill is None and args.decode is None:
+        parser.error("scale: give --prefill and/or --decode")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        if args.command == "serve":
+            serve(args)
+        elif args.command == "scale":
+            _print_status(_admin(args.url, "/admin/scale", {"prefill": args.prefill, "decode": args.decode}), args.json)
+        else:
+            _print_status(_admin(args.url, "/admin/status"), args.json)
+    except (SpecError, ValueError, FileNotFoundError, RuntimeError, TimeoutError) as err:
+        # A user-facing tool: the message says what is wrong, no traceback.
+        sys.exit(f"tandem: error: {err}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The cluster spec: what `tandem serve` runs, from a YAML file or from flags, validated with pydantic.
+
+    model: /path/to/model            # omitted: the default model (SmolLM2-135M-Instruct)
+    data_plane: node_ip              # KV / token sockets on each node's address (default: loopback)
+    engine: {max_model_len: 2048, block_size: 16, ...}   # shared by both pools (KV blocks must agree)
+    router: {host: 127.0.0.1, port: 8000, routing_policy: cache_aware}
+    prefill: {replicas: 1, tensor_parallel_size: 1, dtype: auto, resources: {gpu_a: 1}}
+    decode:  {replicas: 2, tensor_parallel_size: 2, node_labels: {tier: decode}}
+
+A pool's `resources` and `node_labels` are per rank: a worker of TP size n asks
+n times, all on one node (a STRICT_PACK placement group). Every mistake, in a
+file or in flags, is a `SpecError` naming the field (`decode.replicas: ...`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from router.policy import POLICIES
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class SpecError(ValueError):
+    """A cluster spec that cannot run; the message names every field at fault."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PoolSpec(_Strict):
+    """One pool of identical workers."""
+
+    replicas: int = Field(1, ge=0)
+    tensor_parallel_size: int = Field(1, ge=1)
+    dtype: Literal[DTYPES] = "auto"
+    resources: dict[str, float] = {}  # Ray custom resources per rank, e.g. {"gpu_a": 1}
+    node_labels: dict[str, str] = {}  # Ray node labels every rank's node must carry
+    num_gpus: float = Field(0, ge=0)  # per rank
+    torch_threads: int | None = Field(1, ge=1)  # per rank (None: torch's default)
+
+    @field_validator("resources")
+    @classmethod
+    def _positive(cls, resources: dict[str, float]) -> dict[str, float]:
+        for name, amount in resources.items():
+            if name in ("CPU", "GPU", "memory"):
+                raise ValueError(f"{name!r} is not a custom resource (use num_gpus for GPUs)")
+            if amount <= 0:
+                raise ValueError(f"resource {name!r} must be > 0, got {amount}")
+        return resources
+
+
+class EngineSpec(_Strict):
+    """Engine knobs both pools share (vLLM's names)."""
+
+    max_model_len: int | None = Field(None, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(2048, ge=1)
+    block_size: int = Field(16, ge=1)
+    enable_prefix_caching: bool = True
+    kv_cache_memory: int | None = Field(None, gt=0)  # bytes per worker
+    num_kv_blocks: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_cache_size(self) -> "EngineSpec":
+        if self.kv_cache_memory is not None and self.num_kv_blocks is not None:
+            raise ValueError("set kv_cache_memory or num_kv_blocks, not both")
+        return self
+
+
+class RouterSpec(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)  # 0: any free port
+    routing_policy: str = "cache_aware"
+    served_model_name: str = ""
+    max_in_flight: int = Field(256, ge=1)
+
+    @field_validator("routing_policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        if name not in POLICIES:
+            raise ValueError(f"unknown routing policy {name!r}: choose one of {', '.join(sorted(POLICIES))}")
+        return name
+
+
+class HealthSpec(_Strict):
+    """How the controller watches workers (a heartbeat: each worker's `load()`)."""
+
+    interval_s: float = Field(1.0, gt=0)
+    timeout_s: float = Field(10.0, gt=0)
+    start_timeout_s: float = Field(600.0, gt=0)  # building a worker (model load, kernels) may take minutes
+    drain_timeout_s: float = Field(120.0, gt=0)
+
+
+class ClusterSpec(_Strict):
+    model: str | None = None
+    # Where the KV, inbox and token-stream sockets bind: loopback (one machine) or each node's
+    # Ray address (workers on several machines; `tandem serve --address` picks it unless set).
+    data_plane: Literal["loopback", "node_ip"] = "loopback"
+    engine: EngineSpec = EngineSpec()
+    router: RouterSpec = RouterSpec()
+    prefill: PoolSpec = PoolSpec()
+    decode: PoolSpec = PoolSpec()
+    health: HealthSpec = HealthSpec()
+
+    @model_validator(mode="after")
+    def _servable(self) -> "ClusterSpec":
+        if self.decode.replicas < 1:
+            raise ValueError("decode.replicas must be >= 1: decode workers serve every request")
+        return self
+
+    def pool(self, role: str) -> PoolSpec:
+        return self.prefill if role == "prefill" else self.decode
+
+
+def parse_spec(data: dict | None) -> ClusterSpec:
+    """Validate a dict (a parsed YAML document); raises SpecError naming each field at fault."""
+    if data is not None and not isinstance(data, dict):
+        raise SpecError(f"a cluster spec is a mapping of fields, got {type(data).__name__}")
+    try:
+        return ClusterSpec.model_validate(data or {})
+    except ValidationError as err:
+        raise SpecError(_describe(err)) from None
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise SpecError(f"cannot read cluster spec {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path} is not valid YAML: {err}") from None
+    try:
+        return parse_spec(data)
+    except SpecError as err:
+        raise SpecError(f"{path}: {err}") from None
+
+
+def with_overrides(spec: ClusterSpec, overrides: dict) -> ClusterSpec:
+    """`spec` with dotted fields replaced ({"decode.replicas": 2}), validated again (fields set stay set)."""
+    data = spec.model_dump(exclude_unset=True)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return parse_spec(data)
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "spec"
+        message = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            message = "unknown field"
+        lines.append(f"{where}: {message}")
+    return "; ".join(lines)

@@ -1,0 +1,152 @@
+"""One worker of a pool on Ray: start it where its pool says, reach it, stop it.
+
+A worker is one Ray actor (TP=1) or a tensor-parallel group of actors in one
+STRICT_PACK placement group (TP=n), whose rank 0 is its face. With
+`data_plane: node_ip` decode workers bind their KV and inbox sockets on their
+node's Ray address, so prefill workers on other machines reach them. `launch` returns
+at once for TP=1 (the actor builds its engine in the background; `wait_ready`
+waits for it); a TP group is ready when `launch` returns.
+
+Ownership: whoever launched a `PoolWorker` kills it (`stop` or `kill`); the
+controller does, for every worker it started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from cluster.spec import ClusterSpec, PoolSpec
+from decode_worker.actor import DecodeActor, DecodeFollowerActor
+from decode_worker.worker import DecodeWorkerConfig
+from engine.llm_engine import EngineArgs
+from engine.parallel.ray_group import start_tp_actors
+from kvtransfer.handoff import AsyncEncodedCalls
+from prefill_worker.actor import PrefillActor, PrefillFollowerActor
+from prefill_worker.worker import PrefillWorkerConfig
+
+
+def engine_args_for(spec: ClusterSpec, role: str) -> EngineArgs:
+    pool = spec.pool(role)  # EngineSpec's fields are EngineArgs' names
+    return EngineArgs(model=spec.model, dtype=pool.dtype, tensor_parallel_size=pool.tensor_parallel_size,
+                      **spec.engine.model_dump())  # fmt: skip
+
+
+def placement_options(pool: PoolSpec) -> dict:
+    """Ray `.options()` placing one rank where its pool says (resources, GPUs, node labels)."""
+    options: dict = {"num_gpus": pool.num_gpus}
+    if pool.resources:
+        options["resources"] = dict(pool.resources)
+    if pool.node_labels:
+        options["label_selector"] = dict(pool.node_labels)
+    return options
+
+
+@dataclass
+class PoolWorker:
+    name: str
+    role: str  # "prefill" | "decode"
+    rank0: object  # the Ray actor handle the router calls
+    tp: object | None = None  # engine.parallel.ray_group.TPActors when tensor-parallel
+    node_id: str = ""
+    restarts: int = 0
+
+    def endpoint(self) -> AsyncEncodedCalls:
+        """How the router calls this worker (each call a Ray ObjectRef, awaited on the router's loop)."""
+        handle = self.rank0
+        return AsyncEncodedCalls(lambda method, payload: getattr(handle, method).remote(payload))
+
+    def wait_ready(self, timeout_s: float, stop=None) -> None:
+        """Block until the engine is built (raises what building it raised); learn which node it is on.
+
+        `stop` (a threading.Event) set meanwhile ends the wait early with InterruptedError."""
+        import ray
+
+        ready, deadline = self.rank0.is_idle.remote(), time.monotonic() + timeout_s
+        while not ray.wait([ready], timeout=0.5)[0]:
+            if stop is not None and stop.is_set():
+                raise InterruptedError(f"{self.name}: stopped while starting")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} was not built within {timeout_s:.0f} s (no node with room for it?)")
+        ray.get(ready)
+        self.node_id = ray.get(self.rank0.__ray_call__.remote(_node_id), timeout=timeout_s)
+
+    def heartbeats(self) -> list:
+        """One ObjectRef per actor: rank 0's `load()` (its step loop answers) and each follower's liveness."""
+        followers = self.tp.followers if self.tp is not None else []
+        return [self.rank0.load.remote(None), *(f.__ray_ready__.remote() for f in followers)]
+
+    def stop(self, timeout_s: float = 60.0) -> bool:
+        """Shut down cleanly (True if its block pool was all free), then kill; a dead worker is just killed."""
+        import ray
+
+        try:
+            if self.tp is not None:
+                return all(self.tp.shutdown(timeout_s))
+            return bool(ray.get(self.rank0.shutdown.remote(), timeout=timeout_s))
+        except Exception:
+            return False
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """Idempotent: a worker already dead (or killed) is fine."""
+        import ray
+
+        try:
+            if self.tp is not None:
+                self.tp.kill()
+            else:
+                ray.kill(self.rank0, no_restart=True)
+        except Exception:
+            pass  # already gone
+
+
+def _node_id(_actor) -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _on_this_node(config):
+    """A decode config whose data-plane sockets bind on this node's Ray address, so other nodes reach them."""
+    import ray
+
+    host = ray.util.get_node_ip_address()
+    return dataclasses.replace(config, kv_address=config.kv_address.replace("127.0.0.1", host),
+                               inbox_address=config.inbox_address.replace("127.0.0.1", host))  # fmt: skip
+
+
+class NodeDecodeActor(DecodeActor):
+    def __init__(self, engine_args, config, *rest):
+        super().__init__(engine_args, _on_this_node(config), *rest)
+
+
+class NodeDecodeFollowerActor(DecodeFollowerActor):
+    def __init__(self, engine_args, config, *rest):
+        super().__init__(engine_args, _on_this_node(config), *rest)
+
+
+def _actor_classes(spec: ClusterSpec, role: str) -> tuple[type, type]:
+    if role == "prefill":
+        return PrefillActor, PrefillFollowerActor  # binds no socket another node connects to
+    if spec.data_plane == "node_ip":
+        return NodeDecodeActor, NodeDecodeFollowerActor
+    return DecodeActor, DecodeFollowerActor
+
+
+def launch(spec: ClusterSpec, role: str, name: str) -> PoolWorker:
+    """Start one worker of `role`'s pool named `name`, placed as its pool says (TP=1: returns at once)."""
+    import ray
+
+    pool, args = spec.pool(role), engine_args_for(spec, role)
+    config = PrefillWorkerConfig(name) if role == "prefill" else DecodeWorkerConfig(name)
+    rank0_cls, follower_cls = _actor_classes(spec, role)
+    if pool.tensor_parallel_size == 1:
+        options = {"num_cpus": 0, **placement_options(pool)}
+        return PoolWorker(name, role, ray.remote(rank0_cls).options(**options).remote(args, config, pool.torch_threads))
+    bundle = {**pool.resources, **({"GPU": pool.num_gpus} if pool.num_gpus else {})}
+    tp = start_tp_actors(rank0_cls, follower_cls, args, config, pool.torch_threads, spec.health.start_timeout_s,
+                         bundle=bundle, label_selector=dict(pool.node_labels) or None)  # fmt: skip
+    return PoolWorker(name, role, tp.rank0, tp)

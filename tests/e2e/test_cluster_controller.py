@@ -1,0 +1,161 @@
+"""The controller on a simulated cluster of three nodes with different custom resources.
+
+    head    {}                                   router + controller (this process)
+    node A  {"gpu_a": 2}, label tier=prefill     the prefill pool asks gpu_a: 1 and the label (room for two)
+    node B  {"gpu_b": 2}                         the decode pool asks gpu_b: 1 (room for two)
+
+Workers land where their pool says and serve transformers' greedy text; a
+killed worker is restarted by the controller and serves again; scaling both
+pools up and back down under a stream of requests drops none of them; a
+tensor-parallel worker's placement group keeps its ranks on a node with its label.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import types
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from cluster.cli import main
+from cluster.deployment import Deployment
+from cluster.spec import parse_spec, with_overrides
+from cluster.status import cluster_status
+from cluster.workers import launch
+from tests.conftest import hf_greedy
+from tests.e2e.harness import wait_for
+
+# Ray rewrites 127.0.0.1 into the host's outward address; 127.0.0.2 is loopback that it leaves alone.
+HOST = "127.0.0.2"
+PROMPT = [5, 17, 42, 99, 7, 64, 3, 250, 11]
+GREEDY = dict(temperature=0, max_tokens=8, extra_body={"ignore_eos": True})
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dirs):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    assert not ray.is_initialized(), "this module needs its own Ray: run it before modules using ray_session"
+    sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": HOST,
+                                                        "include_dashboard": False})  # fmt: skip
+    node_a = sim.add_node(num_cpus=1, resources={"gpu_a": 2}, labels={"tier": "prefill"}, node_ip_address=HOST)
+    node_b = sim.add_node(num_cpus=1, resources={"gpu_b": 2}, node_ip_address=HOST)
+    ray.init(address=sim.address, _node_ip_address=HOST, logging_level="WARNING", log_to_driver=False,
+             configure_logging=False)  # fmt: skip
+    model_dir = tiny_model_dirs["llama"]
+    spec = parse_spec({
+        "model": model_dir,
+        "data_plane": "node_ip",  # as on a real cluster: sockets on each node's Ray address (127.0.0.2 here)
+        "engine": {"num_kv_blocks": 48, "max_model_len": 256},
+        "router": {"port": 0, "served_model_name": "tiny"},
+        "prefill": {"resources": {"gpu_a": 1}, "node_labels": {"tier": "prefill"}},
+        "decode": {"resources": {"gpu_b": 1}},
+        "health": {"interval_s": 0.2, "timeout_s": 10},
+    })  # fmt: skip
+    deployment = Deployment(spec)
+    try:
+        deployment.start()
+        client = openai.OpenAI(base_url=f"{deployment.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        expected = AutoTokenizer.from_pretrained(model_dir).decode(hf_greedy(model_dir, PROMPT, 8),
+                                                                  skip_special_tokens=True)  # fmt: skip
+        yield types.SimpleNamespace(deployment=deployment, controller=deployment.controller, client=client,
+                                    expected=expected, node_a=node_a.node_id, node_b=node_b.node_id)  # fmt: skip
+    finally:
+        deployment.stop()
+        ray.shutdown()
+        sim.shutdown()
+
+
+def _complete(c) -> str:
+    return c.client.completions.create(model="tiny", prompt=PROMPT, **GREEDY).choices[0].text
+
+
+def _nodes(c, role: str) -> list[str]:
+    return [w["node_id"] for w in cluster_status(c.controller)["pools"][role]["workers"]]
+
+
+def test_workers_land_where_their_pool_says_and_serve_greedy_text(cluster):
+    import ray
+
+    assert _nodes(cluster, "prefill") == [cluster.node_a]
+    assert _nodes(cluster, "decode") == [cluster.node_b]
+    assert _complete(cluster) == cluster.expected
+    # The data plane listens on the nodes' Ray address, where other machines would reach it.
+    (decode,) = cluster.controller.pool("decode")
+    kv_address = ray.get(decode.rank0.__ray_call__.remote(lambda actor: actor.loop.call(lambda w: w.receiver.address)))
+    assert kv_address.startswith(f"tcp://{HOST}:")
+    assert cluster.deployment.app.state.router.dispatcher.stream.address.startswith(f"tcp://{HOST}:")
+
+
+def test_a_killed_worker_is_restarted_and_serves_again(cluster):
+    import ray
+
+    for role in ("decode", "prefill"):
+        (worker,) = cluster.controller.pool(role)
+        ray.kill(worker.rank0, no_restart=True)
+        wait_for(lambda: _restarted(cluster, worker.name), f"{worker.name} to come back", timeout_s=120)
+        (new,) = cluster.controller.pool(role)
+        assert new.rank0 != worker.rank0 and new.node_id == worker.node_id
+        assert _complete(cluster) == cluster.expected  # one worker per pool: this request went through the new one
+
+
+def _restarted(cluster, name: str) -> bool:
+    worker = cluster.controller.workers.get(name)
+    return worker is not None and worker.restarts == 1 and cluster.deployment.app.state.router.ready()
+
+
+def test_scaling_up_and_down_under_a_stream_of_requests_drops_none(cluster, capsys):
+    """Up with `tandem scale`, down over the admin endpoint, then `tandem status --json`."""
+    results, stop = [], threading.Event()
+
+    def client_loop():
+        while not stop.is_set():
+            try:
+                results.append(_complete(cluster))
+            except Exception as err:  # every failure is counted, none hidden
+                results.append(err)
+
+    clients = [threading.Thread(target=client_loop) for _ in range(2)]
+    for thread in clients:
+        thread.start()
+    try:
+        wait_for(lambda: len(results) >= 2, "the stream to start")
+        main(["scale", "--url", cluster.deployment.url, "--prefill", "2", "--decode", "2"])
+        assert "prefill: 2/2 workers" in capsys.readouterr().out
+        assert sorted(_nodes(cluster, "decode")) == [cluster.node_b] * 2
+        assert sorted(_nodes(cluster, "prefill")) == [cluster.node_a] * 2
+        seen = len(results)
+        wait_for(lambda: len(results) >= seen + 4, "requests on the larger pools")
+        scaled = httpx.post(f"{cluster.deployment.url}/admin/scale", json={"prefill": 1, "decode": 1}, timeout=300)
+        assert scaled.status_code == 200, scaled.text
+        seen = len(results)
+        wait_for(lambda: len(results) >= seen + 2, "requests after scaling down")
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(120)
+    assert [r for r in results if r != cluster.expected] == []
+    main(["status", "--url", cluster.deployment.url, "--json"])
+    pools = json.loads(capsys.readouterr().out)["pools"]
+    assert [len(pools[role]["workers"]) for role in ("prefill", "decode")] == [1, 1]
+    assert all(w["alive"] and not w["draining"] for pool in pools.values() for w in pool["workers"])
+
+
+def test_a_tensor_parallel_worker_keeps_its_ranks_on_a_node_with_its_label(cluster):
+    """TP=2 asks for the label only: its placement group lands both ranks on node A."""
+    import ray
+
+    spec = with_overrides(cluster.controller.spec, {"prefill.tensor_parallel_size": 2, "prefill.resources": {}})
+    worker = launch(spec, "prefill", "prefill-tp")
+    try:
+        worker.wait_ready(120)
+        where = worker.tp.followers[0].__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+        follower_node = ray.get(where)
+        assert (worker.node_id, follower_node) == (cluster.node_a, cluster.node_a)
+    finally:
+        assert worker.stop()  # a clean shutdown of both ranks, nothing held

@@ -1,0 +1,91 @@
+"""`tandem serve` as a user runs it: a subprocess with an embedded local Ray, a tiny model, a free port.
+
+It answers the official `openai` client with transformers' greedy text, and
+SIGINT ends it with status 0 and takes every process it started (Ray's
+included) down with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import openai
+import psutil
+from transformers import AutoTokenizer
+
+from tests.conftest import hf_greedy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 240.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"tandem serve exited with {proc.returncode}"
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError("tandem serve never became healthy")
+
+
+def test_serve_answers_openai_then_sigint_stops_everything(tiny_model_dirs, tmp_path):
+    model_dir, port = tiny_model_dirs["llama"], _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])), TANDEM_LOG_LEVEL="WARNING")
+    command = [sys.executable, "-m", "cluster.cli", "serve", "--model", model_dir, "--served-model-name", "tiny",
+               "--port", str(port), "--num-kv-blocks", "48", "--max-model-len", "256"]  # fmt: skip
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(proc, url)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert started, "an embedded Ray runs under tandem serve"
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        prompt = [5, 17, 42, 99, 7, 64]
+        out = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=8,
+                                        extra_body={"ignore_eos": True})  # fmt: skip
+        expected = AutoTokenizer.from_pretrained(model_dir).decode(hf_greedy(model_dir, prompt, 8),
+                                                                  skip_special_tokens=True)  # fmt: skip
+        assert out.choices[0].text == expected
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.seek(0)
+        output = log.read()
+        log.close()
+    assert "serving tiny at" in output and "tandem: stopped" in output, output
+    deadline = time.monotonic() + 30
+    while (left := [p for p in started if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"still running after tandem serve ended: {[p.pid for p in left]}"
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may linger in TIME_WAIT
+        sock.bind(("127.0.0.1", port))  # nothing listens on the router's port any more
+        sock.listen()
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
