@@ -40,7 +40,8 @@ def cluster(tiny_model_dirs):
     import ray
     from ray.cluster_utils import Cluster
 
-    assert not ray.is_initialized(), "this module needs its own Ray: run it before modules using ray_session"
+    if ray.is_initialized():
+        ray.shutdown()  # the shared local Ray of other modules; `ray_session` starts a new one after this module
     sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": HOST,
                                                         "include_dashboard": False})  # fmt: skip
     node_a = sim.add_node(num_cpus=1, resources={"gpu_a": 2}, labels={"tier": "prefill"}, node_ip_address=HOST)
