@@ -31,8 +31,9 @@ class PreparedLinear(nn.Module):
     kernel_weight: object = None
 
     def prepare(self, ops: LayerOps) -> None:
-        self.kernel_weight = ops.prepare_weight(self.weight.data)
-        if self.kernel_weight is not self.weight.data:
+        weight = self.weight.data  # each `.data` is a new tensor object: compare against this one
+        self.kernel_weight = ops.prepare_weight(weight)
+        if self.kernel_weight is not weight:
             self.weight = None  # the prepared copy replaces it: no second copy of the weights in memory
 
     def dense_weight(self) -> torch.Tensor:

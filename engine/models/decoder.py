@@ -134,8 +134,7 @@ class DecoderForCausalLM(nn.Module):
     def prepare(self, ops: LayerOps) -> None:
         """After loading: use `ops` and put every linear weight in the form its `linear` takes.
 
-        lm_head keeps its dense weight too: it is the embedding when tied, and a
-        single row (batch-1 decode) reads it fastest as a matrix-vector product."""
+        lm_head keeps its dense weight too: it is the embedding when tied."""
         self.ops = ops
         for module in self.modules():
             if isinstance(module, PreparedLinear):
@@ -153,6 +152,4 @@ class DecoderForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.shape[0] == 1 and self.lm_head_weight is not self.lm_head.weight.data:
-            return torch.mv(self.lm_head.weight, hidden[0])[None]  # [1, vocab_size], from the dense copy
         return self.ops.linear(hidden, self.lm_head_weight)  # [num_rows, vocab_size]

@@ -1,0 +1,37 @@
+"""A linear layer after `prepare(ops)`: the PyTorch ops keep the loaded parameter; packing replaces it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.layers.linear import ColumnParallelLinear
+from engine.layers.ops import TORCH_OPS, PackedWeight, native_ops
+from engine.native import load_cpu_kernels
+from engine.parallel.shard import Slice
+
+
+def _linear(weight: torch.Tensor) -> ColumnParallelLinear:
+    out_features, in_features = weight.shape
+    layer = ColumnParallelLinear(in_features, (out_features,), (Slice(0, out_features),), bias=False)
+    layer.weight.data.copy_(weight)
+    return layer
+
+
+def test_torch_ops_keep_the_parameter():
+    weight, x = torch.randn(40, 24), torch.randn(3, 24)
+    layer = _linear(weight)
+    layer.prepare(TORCH_OPS)
+    assert layer.weight is not None and layer.kernel_weight.data_ptr() == layer.weight.data_ptr()
+    torch.testing.assert_close(layer.project(TORCH_OPS, x), F.linear(x, weight))
+
+
+def test_packing_replaces_the_parameter():
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("native CPU kernels could not be built here")
+    ops, weight, x = native_ops(kernels, torch.float32), torch.randn(40, 24), torch.randn(3, 24)
+    layer = _linear(weight)
+    layer.prepare(ops)
+    assert layer.weight is None and isinstance(layer.kernel_weight, PackedWeight)
+    assert torch.equal(layer.dense_weight(), weight)
+    torch.testing.assert_close(layer.project(ops, x), F.linear(x, weight), atol=1e-5, rtol=1e-5)
