@@ -5,7 +5,7 @@
 
 They listen where the API does (127.0.0.1 by default). Scaling blocks until
 added workers serve and removed ones have drained, so it runs on a thread,
-never on the router's event loop (the controller calls into that loop).
+never on the router's event loop (which must keep syncing membership meanwhile).
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ class ScaleRequest(BaseModel):
 
 
 def install_admin_routes(app: FastAPI) -> None:
-    """Routes onto `app.state.controller` (set before the first admin call)."""
-    from cluster.status import cluster_status
-
+    """Routes onto `app.state.controller`, a `ControllerClient` (set before the first admin call)."""
     def controller():
         return app.state.controller
 
@@ -39,8 +37,8 @@ def install_admin_routes(app: FastAPI) -> None:
             await asyncio.to_thread(controller().scale, {"prefill": body.prefill, "decode": body.decode})
         except SpecError as err:
             raise APIError(400, str(err), code="invalid_scale") from None
-        return await asyncio.to_thread(cluster_status, controller())
+        return await asyncio.to_thread(controller().status)
 
     @app.get("/admin/status", tags=["admin"])
     async def status():
-        return await asyncio.to_thread(cluster_status, controller())
+        return await asyncio.to_thread(controller().status)

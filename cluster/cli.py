@@ -90,9 +90,9 @@ def serve(args: argparse.Namespace) -> None:
               flush=True)  # fmt: skip
         deployment = Deployment(spec)
         deployment.start()
-        from cluster.status import cluster_status, render_status
+        from cluster.status import render_status
 
-        print(render_status(cluster_status(deployment.controller)), flush=True)
+        print(render_status(deployment.controller.status()), flush=True)
         print(f"tandem: serving {deployment.config.model_name} at {deployment.url}/v1 (Ctrl-C to stop)", flush=True)
         signal.pause()
     except KeyboardInterrupt:

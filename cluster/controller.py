@@ -11,9 +11,10 @@
     shutdown()       stop watching, unregister and stop every worker
 
 Ownership: the controller owns every `PoolWorker` it launched and kills each
-one it removes or replaces. It runs in the process that serves the router and
-talks to the router's registry only through `RouterLink` (calls run on the
-router's event loop). One lock serialises changes to the pools.
+one it removes or replaces. It runs in the controller actor
+(`cluster.controller_actor`) and reaches the router's registry only through
+`cluster.membership.Membership` (register / drain / unregister / snapshot,
+each applied by the router's next sync). One lock serialises changes to the pools.
 """
 
 from __future__ import annotations
@@ -31,29 +32,6 @@ logger = logging.getLogger("tandem.cluster")
 ROLES = ("prefill", "decode")
 
 
-class RouterLink:
-    """The router's registry as seen from other threads: each call runs on the router's event loop."""
-
-    def __init__(self, server):
-        self.server = server  # router.server.RouterServer
-        self.registry = server.app.state.router.registry
-
-    def register(self, worker: PoolWorker) -> None:
-        self.server.call(lambda: self.registry.register(worker.name, worker.role, worker.endpoint()))
-
-    def unregister(self, name: str) -> None:
-        self.server.call(lambda: self.registry.unregister(name))
-
-    def drain(self, name: str) -> None:
-        self.server.call(lambda: self.registry.drain(name))
-
-    def snapshot(self) -> dict:
-        """name -> (alive, draining, in_flight, last WorkerLoad or None)."""
-        return self.server.call(
-            lambda: {n: (w.alive, w.draining, w.in_flight, w.load) for n, w in self.registry.workers.items()}
-        )
-
-
 @dataclass
 class WorkerFailure:
     worker: PoolWorker
@@ -61,7 +39,8 @@ class WorkerFailure:
 
 
 class Controller:
-    def __init__(self, spec: ClusterSpec, router: RouterLink):
+    def __init__(self, spec: ClusterSpec, router):
+        """`router`: register(worker) / unregister(name) / drain(name) / snapshot(), e.g. a `Membership`."""
         self.spec, self.router = spec, router
         self.workers: dict[str, PoolWorker] = {}
         self.events: list[str] = []  # what the controller did, newest last (status shows the tail)

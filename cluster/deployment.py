@@ -1,23 +1,26 @@
 """Everything `tandem serve` runs, minus the command line: Ray, the router, the controller.
 
-    deployment = Deployment(spec)     # connects to Ray; the router listens at once (/health: 503)
+    deployment = Deployment(spec)     # the controller actor; the router listens at once (/health: 503)
     deployment.start()                # pools launched and registered, /health ready
     ...                               # deployment.url, deployment.controller.scale(...)
-    deployment.stop()                 # workers drained of nothing, stopped; router stopped
+    deployment.stop()                 # workers drained of nothing, stopped; controller, router stopped
 
-The router (and the admin endpoints) run on a thread of this process; the
-workers are Ray actors placed by the controller. Ownership: the deployment
-owns the router server and the controller; Ray itself belongs to the caller
+The router (and the admin endpoints) run on a thread of this process and keep
+their registry in step with the controller actor (`cluster.router_sync`); the
+controller places the workers as Ray actors. Ownership: the deployment owns the
+router server and the controller actor; Ray itself belongs to the caller
 (`connect_ray` / `ray.shutdown`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 
 from cluster.admin import install_admin_routes
-from cluster.controller import Controller, RouterLink
+from cluster.controller_actor import ControllerClient, start_controller
+from cluster.router_sync import RouterSync
 from cluster.spec import ClusterSpec
 
 
@@ -74,7 +77,9 @@ class Deployment:
         self.app = create_app(self.config, registry)
         install_admin_routes(self.app)
         self.server = RouterServer(self.app, spec.router.host, spec.router.port)
-        self.controller = self.app.state.controller = Controller(spec, RouterLink(self.server))
+        self.controller = self.app.state.controller = ControllerClient(start_controller(spec))
+        sync = RouterSync(registry, self.controller.handle)
+        self._sync_task = self.server.call(lambda: asyncio.get_running_loop().create_task(sync.run()))
 
     @property
     def url(self) -> str:
@@ -91,8 +96,9 @@ class Deployment:
 
     def stop(self) -> None:
         try:
-            self.controller.shutdown()
+            self.controller.shutdown()  # the router keeps syncing meanwhile: it sees each worker leave
         finally:
+            self.server.call(self._sync_task.cancel)
             self.server.stop()
 
 

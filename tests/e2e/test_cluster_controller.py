@@ -24,7 +24,6 @@ from transformers import AutoTokenizer
 from cluster.cli import main
 from cluster.deployment import Deployment
 from cluster.spec import parse_spec, with_overrides
-from cluster.status import cluster_status
 from cluster.workers import launch
 from tests.conftest import hf_greedy
 from tests.e2e.harness import wait_for
@@ -77,7 +76,7 @@ def _complete(c) -> str:
 
 
 def _nodes(c, role: str) -> list[str]:
-    return [w["node_id"] for w in cluster_status(c.controller)["pools"][role]["workers"]]
+    return [w["node_id"] for w in c.controller.status()["pools"][role]["workers"]]
 
 
 def test_workers_land_where_their_pool_says_and_serve_greedy_text(cluster):

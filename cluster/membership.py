@@ -1,0 +1,120 @@
+"""Who the router should send to, agreed between the controller actor and the router, in one place.
+
+    controller actor                           router process (its event loop)
+    register(worker) / drain / unregister      sync(report) every sync interval (a long poll):
+      changes the wanted membership,             report: what its registry holds now
+      waits until a report shows it applied      reply: the wanted membership
+    snapshot()  the router's last report       it registers, drains and unregisters to match
+
+The controller and the router live in different processes and reach each other
+only through Ray calls carrying plain values and msgpack (`WorkerLoad`). The
+router stays the sole owner of its registry; the controller owns the wanted
+membership. `register`/`drain`/`unregister` return once the router applied the
+change (or after `ack_timeout_s` if the router stops syncing: a router that is
+gone cannot send anything anywhere), so "scaled" means "the router sees it".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from kvtransfer.codec import decode
+from kvtransfer.protocol import WorkerLoad
+
+
+@dataclass(frozen=True)
+class WantedWorker:
+    """One membership entry: `worker` (a `cluster.workers.PoolWorker`, TP followers left out) says how to reach it."""
+
+    name: str
+    role: str
+    incarnation: int  # a restarted worker keeps its name and gets a new incarnation
+    worker: object
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class RouterView:
+    """One worker as the router's registry holds it (a report entry)."""
+
+    incarnation: int
+    alive: bool
+    draining: bool
+    in_flight: int
+    load: bytes | None = None  # kvtransfer.codec WorkerLoad, as last refreshed
+
+    def as_state(self) -> tuple:
+        """(alive, draining, in_flight, WorkerLoad or None): the shape `cluster.status` reads."""
+        load = decode(self.load, WorkerLoad) if self.load is not None else None
+        return self.alive, self.draining, self.in_flight, load
+
+
+class Membership:
+    """Lives in the controller actor; `sync` is the router's side of it, the rest the controller's (`RouterLink`)."""
+
+    def __init__(self, ack_timeout_s: float = 30.0, poll_s: float = 0.25):
+        self.ack_timeout_s, self.poll_s = ack_timeout_s, poll_s
+        self._wanted: dict[str, WantedWorker] = {}
+        self._report: dict[str, RouterView] = {}
+        self._incarnations = 0
+        self._version = 0  # bumped on every change to `_wanted`
+        self._changed = threading.Condition()
+
+    # ---- the controller's side ------------------------------------------------
+    def register(self, worker) -> None:
+        self._incarnations += 1
+        entry = WantedWorker(worker.name, worker.role, self._incarnations, replace(worker, tp=None))
+        self._change(lambda wanted: wanted.__setitem__(worker.name, entry))
+        self._wait_for(lambda report: _holds(report, entry, draining=False), f"{worker.name} registered")
+
+    def drain(self, name: str) -> None:
+        entry = self._wanted.get(name)
+        if entry is None:
+            return
+        self._change(lambda wanted: wanted.__setitem__(name, replace(entry, draining=True)))
+        self._wait_for(lambda report: _holds(report, entry, draining=True), f"{name} draining")
+
+    def unregister(self, name: str) -> None:
+        if name not in self._wanted:
+            return
+        self._change(lambda wanted: wanted.pop(name))
+        self._wait_for(lambda report: name not in report, f"{name} unregistered")
+
+    def snapshot(self) -> dict:
+        """name -> (alive, draining, in_flight, WorkerLoad or None), from the router's last report."""
+        with self._changed:
+            return {name: view.as_state() for name, view in self._report.items()}
+
+    # ---- the router's side ----------------------------------------------------
+    def sync(self, report: dict[str, RouterView], known_version: int) -> tuple[int, list[WantedWorker]]:
+        """Take the router's report; reply with the wanted membership once it differs from `known_version`
+        (or after `poll_s`, so reports keep coming while nothing changes)."""
+        with self._changed:
+            self._report = dict(report)
+            self._changed.notify_all()
+            self._changed.wait_for(lambda: self._version != known_version, timeout=self.poll_s)
+            return self._version, list(self._wanted.values())
+
+    # ---- internals ------------------------------------------------------------
+    def _change(self, edit) -> None:
+        with self._changed:
+            edit(self._wanted)
+            self._version += 1
+            self._changed.notify_all()
+
+    def _wait_for(self, applied, what: str) -> bool:
+        deadline = time.monotonic() + self.ack_timeout_s
+        with self._changed:
+            while not applied(self._report):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False  # the router stopped syncing (shutting down): nothing more to wait for
+                self._changed.wait(left)
+        return True
+
+
+def _holds(report: dict[str, RouterView], entry: WantedWorker, draining: bool) -> bool:
+    view = report.get(entry.name)
+    return view is not None and view.incarnation == entry.incarnation and view.draining == draining

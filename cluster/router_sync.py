@@ -1,0 +1,60 @@
+"""The router's side of `cluster.membership`: keep the registry equal to what the controller actor wants.
+
+Runs as a task on the router's event loop (the registry's owner): report what
+the registry holds, await the controller's wanted membership (a Ray call,
+awaited without blocking the loop), then register / drain / unregister to
+match. A restarted worker comes back under its name with a new incarnation:
+the old one is unregistered first (the dispatcher fails what it held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from cluster.membership import RouterView, WantedWorker
+from kvtransfer.codec import encode
+
+logger = logging.getLogger("tandem.cluster")
+
+
+class RouterSync:
+    def __init__(self, registry, controller, retry_s: float = 1.0):
+        self.registry = registry
+        self.controller = controller  # the ControllerActor handle
+        self.retry_s = retry_s
+        self._incarnation: dict[str, int] = {}  # name -> incarnation the registry holds
+        self._version = -1
+
+    def report(self) -> dict[str, RouterView]:
+        views = {}
+        for name, state in self.registry.workers.items():
+            load = encode(state.load) if state.load is not None else None
+            views[name] = RouterView(self._incarnation.get(name, 0), state.alive, state.draining, state.in_flight, load)
+        return views
+
+    def apply(self, wanted: list[WantedWorker]) -> None:
+        by_name = {entry.name: entry for entry in wanted}
+        for name in list(self.registry.workers):
+            entry = by_name.get(name)
+            if entry is None or entry.incarnation != self._incarnation.get(name):
+                self.registry.unregister(name)
+                self._incarnation.pop(name, None)
+        for entry in wanted:
+            if entry.name not in self.registry.workers:
+                self.registry.register(entry.name, entry.role, entry.worker.endpoint())
+                self._incarnation[entry.name] = entry.incarnation
+            if entry.draining and not self.registry.workers[entry.name].draining:
+                self.registry.drain(entry.name)
+
+    async def run(self) -> None:
+        """Until cancelled. A failed sync (the controller restarting, Ray busy) is retried, never fatal."""
+        while True:
+            try:
+                self._version, wanted = await self.controller.sync.remote(self.report(), self._version)
+                self.apply(wanted)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                logger.warning("membership sync failed (%s: %s); retrying", type(err).__name__, err)
+                await asyncio.sleep(self.retry_s)
