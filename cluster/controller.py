@@ -4,7 +4,8 @@
     watch thread     every health.interval_s: a worker is dead if the router marked it dead
                      (a failed call, a failed load refresh) or its heartbeat failed (Ray
                      actor death, or no answer within health.timeout_s): unregister, kill,
-                     launch again under the same name, register
+                     launch again under the same name, register (after a backoff when it
+                     keeps dying soon after starting: `cluster.restart_backoff`)
     scale(role, n)   up: launch, wait, register; down: drain the newest (router sends it
                      nothing new), wait until the router holds nothing on it and it is
                      idle, unregister, stop
@@ -25,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from cluster.restart_backoff import next_streak, restart_delay
 from cluster.spec import ClusterSpec, with_overrides
 from cluster.workers import PoolWorker, launch
 
@@ -48,6 +50,7 @@ class Controller:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._down: dict[str, tuple[float, int]] = {}  # dead, not yet restarted: name -> (not before, quick deaths)
 
     # ---- pools -------------------------------------------------------------
     def start(self) -> None:
@@ -103,6 +106,7 @@ class Controller:
         for worker in workers:
             self.router.unregister(worker.name)
             del self.workers[worker.name]
+            self._down.pop(worker.name, None)
             clean = worker.stop(self.spec.health.timeout_s)
             self._log(f"{worker.name} removed ({'drained' if clean else 'stopped before its blocks were free'})")
 
@@ -137,24 +141,44 @@ class Controller:
         return failures
 
     def restart(self, failure: WorkerFailure) -> None:
-        """Replace a dead worker under the same name (the router forgets the old one first)."""
+        """Replace a dead worker under the same name (the router forgets the old one first).
+
+        A worker in a crash loop waits out its backoff: until then each call returns at once
+        (the watch calls again every interval while the worker is down)."""
         with self._lock:
             old = failure.worker
             if self.workers.get(old.name) is not old:
                 return  # removed or replaced meanwhile
-            self._log(f"{old.name} is dead ({failure.reason}): restarting")
-            self.router.unregister(old.name)
-            old.kill()
+            if old.name not in self._down:
+                self._take_down(old, failure.reason)
+            not_before, quick_deaths = self._down[old.name]
+            if time.monotonic() < not_before:
+                return
             new = launch(self.spec, old.role, old.name)
             try:
                 new.wait_ready(self.spec.health.start_timeout_s, self._stop)
             except BaseException:
                 new.kill()
+                self._down[old.name] = (self._not_before(quick_deaths + 1), quick_deaths + 1)
                 raise
-            new.restarts = old.restarts + 1
+            del self._down[old.name]
+            new.restarts, new.quick_deaths = old.restarts + 1, quick_deaths
             self.workers[new.name] = new
             self.router.register(new)
             self._log(f"{new.name} restarted on node {new.node_id[:12]}")
+
+    def _take_down(self, old: PoolWorker, reason: str) -> None:
+        """First sight of a death: out of the router, killed, and when it may come back."""
+        self.router.unregister(old.name)
+        old.kill()
+        quick_deaths = next_streak(old.quick_deaths, time.monotonic() - old.started_at, self.spec.health)
+        self._down[old.name] = (self._not_before(quick_deaths), quick_deaths)
+        delay = restart_delay(quick_deaths, self.spec.health)
+        wait = f"restarting in {delay:.1f} s ({quick_deaths} quick deaths in a row)" if delay else "restarting"
+        self._log(f"{old.name} is dead ({reason}): {wait}")
+
+    def _not_before(self, quick_deaths: int) -> float:
+        return time.monotonic() + restart_delay(quick_deaths, self.spec.health)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.spec.health.interval_s):

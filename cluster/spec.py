@@ -94,6 +94,11 @@ class HealthSpec(_Strict):
     timeout_s: float = Field(10.0, gt=0)
     start_timeout_s: float = Field(600.0, gt=0)  # building a worker (model load, kernels) may take minutes
     drain_timeout_s: float = Field(120.0, gt=0)
+    # A worker that dies again within `stable_after_s` of its start waits before the next
+    # restart: `restart_backoff_s`, doubling per death in a row, at most `restart_backoff_max_s`.
+    restart_backoff_s: float = Field(1.0, ge=0)
+    restart_backoff_max_s: float = Field(60.0, ge=0)
+    stable_after_s: float = Field(60.0, ge=0)
 
 
 class ClusterSpec(_Strict):

@@ -51,6 +51,8 @@ class PoolWorker:
     tp: object | None = None  # engine.parallel.ray_group.TPActors when tensor-parallel
     node_id: str = ""
     restarts: int = 0
+    quick_deaths: int = 0  # deaths in a row soon after starting (`cluster.restart_backoff`)
+    started_at: float = dataclasses.field(default_factory=time.monotonic)
 
     def endpoint(self) -> AsyncEncodedCalls:
         """How the router calls this worker (each call a Ray ObjectRef, awaited on the router's loop)."""

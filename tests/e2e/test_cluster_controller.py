@@ -1,13 +1,14 @@
 """The controller on a simulated cluster of three nodes with different custom resources.
 
     head    {}                                   router + controller (this process)
-    node A  {"gpu_a": 2}, label tier=prefill     the prefill pool asks gpu_a: 1 and the label (room for two)
-    node B  {"gpu_b": 2}                         the decode pool asks gpu_b: 1 (room for two)
+    node A  {"gpu_a": 4}, label tier=prefill     prefill pool: TP=2, each rank asks gpu_a: 1 and the label
+    node B  {"gpu_b": 2}                         decode pool: TP=1, asks gpu_b: 1 (room for two)
 
-Workers land where their pool says and serve transformers' greedy text; a
-killed worker is restarted by the controller and serves again; scaling both
-pools up and back down under a stream of requests drops none of them; a
-tensor-parallel worker's placement group keeps its ranks on a node with its label.
+Workers land where their pool says (a tensor-parallel worker's placement group
+keeps both its ranks there) and serve transformers' greedy text; a killed
+worker is restarted by the controller and serves again, and one that dies
+again soon after starting waits out a backoff first; scaling both pools up and
+back down under a stream of requests drops none of them.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from transformers import AutoTokenizer
 
 from cluster.cli import main
 from cluster.deployment import Deployment
-from cluster.spec import parse_spec, with_overrides
-from cluster.workers import launch
+from cluster.spec import parse_spec
 from tests.conftest import hf_greedy
 from tests.e2e.harness import wait_for
 
@@ -43,7 +43,7 @@ def cluster(tiny_model_dirs):
         ray.shutdown()  # the shared local Ray of other modules; `ray_session` starts a new one after this module
     sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": HOST,
                                                         "include_dashboard": False})  # fmt: skip
-    node_a = sim.add_node(num_cpus=1, resources={"gpu_a": 2}, labels={"tier": "prefill"}, node_ip_address=HOST)
+    node_a = sim.add_node(num_cpus=1, resources={"gpu_a": 4}, labels={"tier": "prefill"}, node_ip_address=HOST)
     node_b = sim.add_node(num_cpus=1, resources={"gpu_b": 2}, node_ip_address=HOST)
     ray.init(address=sim.address, _node_ip_address=HOST, logging_level="WARNING", log_to_driver=False,
              configure_logging=False)  # fmt: skip
@@ -53,9 +53,9 @@ def cluster(tiny_model_dirs):
         "data_plane": "node_ip",  # as on a real cluster: sockets on each node's Ray address (127.0.0.2 here)
         "engine": {"num_kv_blocks": 48, "max_model_len": 256},
         "router": {"port": 0, "served_model_name": "tiny"},
-        "prefill": {"resources": {"gpu_a": 1}, "node_labels": {"tier": "prefill"}},
+        "prefill": {"tensor_parallel_size": 2, "resources": {"gpu_a": 1}, "node_labels": {"tier": "prefill"}},
         "decode": {"resources": {"gpu_b": 1}},
-        "health": {"interval_s": 0.2, "timeout_s": 10},
+        "health": {"interval_s": 0.2, "timeout_s": 10, "restart_backoff_s": 0.5},
     })  # fmt: skip
     deployment = Deployment(spec)
     try:
@@ -83,6 +83,8 @@ def test_workers_land_where_their_pool_says_and_serve_greedy_text(cluster):
     import ray
 
     assert _nodes(cluster, "prefill") == [cluster.node_a]
+    (prefill,) = cluster.controller.pool("prefill")
+    assert ray.get(prefill.tp.followers[0].__ray_call__.remote(_node_of)) == cluster.node_a  # both TP ranks on A
     assert _nodes(cluster, "decode") == [cluster.node_b]
     assert _complete(cluster) == cluster.expected
     # The data plane listens on the nodes' Ray address, where other machines would reach it.
@@ -93,20 +95,25 @@ def test_workers_land_where_their_pool_says_and_serve_greedy_text(cluster):
 
 
 def test_a_killed_worker_is_restarted_and_serves_again(cluster):
+    """Prefill is a TP group: killing its rank 0 replaces the whole group. Decode is killed twice:
+    its second death comes soon after its restart, so the controller waits out a backoff first."""
     import ray
 
-    for role in ("decode", "prefill"):
-        (worker,) = cluster.controller.pool(role)
-        ray.kill(worker.rank0, no_restart=True)
-        wait_for(lambda: _restarted(cluster, worker.name), f"{worker.name} to come back", timeout_s=120)
-        (new,) = cluster.controller.pool(role)
-        assert new.rank0 != worker.rank0 and new.node_id == worker.node_id
-        assert _complete(cluster) == cluster.expected  # one worker per pool: this request went through the new one
+    for role, deaths in (("prefill", 1), ("decode", 2)):
+        for restarts in range(1, deaths + 1):
+            (worker,) = cluster.controller.pool(role)
+            ray.kill(worker.rank0, no_restart=True)
+            wait_for(lambda: _restarted(cluster, worker.name, restarts), f"{worker.name} to come back", timeout_s=120)
+            (new,) = cluster.controller.pool(role)
+            assert new.rank0 != worker.rank0 and new.node_id == worker.node_id
+            assert _complete(cluster) == cluster.expected  # one worker per pool: this went through the new one
+    events = cluster.controller.status()["events"]
+    assert any("decode-0 is dead" in e and "restarting in 0.5 s (1 quick deaths in a row)" in e for e in events)
 
 
-def _restarted(cluster, name: str) -> bool:
+def _restarted(cluster, name: str, restarts: int) -> bool:
     worker = cluster.controller.workers.get(name)
-    return worker is not None and worker.restarts == 1 and cluster.deployment.app.state.router.ready()
+    return worker is not None and worker.restarts == restarts and cluster.deployment.app.state.router.ready()
 
 
 def test_scaling_up_and_down_under_a_stream_of_requests_drops_none(cluster, capsys):
@@ -146,16 +153,7 @@ def test_scaling_up_and_down_under_a_stream_of_requests_drops_none(cluster, caps
     assert all(w["alive"] and not w["draining"] for pool in pools.values() for w in pool["workers"])
 
 
-def test_a_tensor_parallel_worker_keeps_its_ranks_on_a_node_with_its_label(cluster):
-    """TP=2 asks for the label only: its placement group lands both ranks on node A."""
+def _node_of(_actor) -> str:
     import ray
 
-    spec = with_overrides(cluster.controller.spec, {"prefill.tensor_parallel_size": 2, "prefill.resources": {}})
-    worker = launch(spec, "prefill", "prefill-tp")
-    try:
-        worker.wait_ready(120)
-        where = worker.tp.followers[0].__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
-        follower_node = ray.get(where)
-        assert (worker.node_id, follower_node) == (cluster.node_a, cluster.node_a)
-    finally:
-        assert worker.stop()  # a clean shutdown of both ranks, nothing held
+    return ray.get_runtime_context().get_node_id()
