@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from cluster.autoscaler import Autoscaler
 from cluster.restart_backoff import next_streak, restart_delay
 from cluster.spec import ClusterSpec, with_overrides
 from cluster.workers import PoolWorker, launch
@@ -58,6 +59,8 @@ class Controller:
         self.scale({role: self.spec.pool(role).replicas for role in ROLES})
         self._watcher = threading.Thread(target=self._watch, name="tandem-controller", daemon=True)
         self._watcher.start()
+        if self.spec.autoscale.enabled:
+            threading.Thread(target=self._autoscale, name="tandem-autoscaler", daemon=True).start()
 
     def scale(self, sizes: dict[str, int]) -> None:
         """Bring each named pool ({"prefill": 2}) to its size; returns once new workers serve and removed ones left."""
@@ -191,6 +194,25 @@ class Controller:
                 return  # shutting down in the middle of a restart
             except Exception:
                 logger.exception("health check failed; trying again")
+
+    # ---- autoscaling ---------------------------------------------------------
+    def _autoscale(self) -> None:
+        """Every autoscale interval: resize the pools `cluster.autoscaler` asks for (one step each)."""
+        autoscaler = Autoscaler(self.spec.autoscale)
+        while not self._stop.wait(self.spec.autoscale.interval_s):
+            try:
+                spec, workers = self.members()
+                sizes = {role: spec.pool(role).replicas for role in ROLES}
+                members = {role: [w.name for w in workers if w.role == role] for role in ROLES}
+                snapshot, totals = self.router.snapshot(), getattr(self.router, "latency_totals", {})
+                changes = autoscaler.decide(sizes, members, snapshot, totals, time.monotonic())
+                if changes and not self._stop.is_set():
+                    self._log(f"autoscale: {', '.join(f'{r} {sizes[r]} -> {n}' for r, n in changes.items())}")
+                    self.scale(changes)
+            except InterruptedError:
+                return
+            except Exception:
+                logger.exception("autoscaling step failed; trying again")
 
     # ---- lifetime ----------------------------------------------------------
     def shutdown(self) -> None:

@@ -48,8 +48,8 @@ class ControllerActor:
         """(spec, workers): the PoolWorkers with their Ray handles, as of now."""
         return self.controller.members()
 
-    def sync(self, report: dict, known_version: int) -> tuple:
-        return self.membership.sync(report, known_version)
+    def sync(self, report: dict, known_version: int, latency_totals: dict | None = None) -> tuple:
+        return self.membership.sync(report, known_version, latency_totals)
 
     def shutdown(self) -> None:
         self.controller.shutdown()

@@ -78,7 +78,7 @@ class Deployment:
         install_admin_routes(self.app)
         self.server = RouterServer(self.app, spec.router.host, spec.router.port)
         self.controller = self.app.state.controller = ControllerClient(start_controller(spec))
-        sync = RouterSync(registry, self.controller.handle)
+        sync = RouterSync(registry, self.controller.handle, self.app.state.router.metrics.latency_totals)
         self._sync_task = self.server.call(lambda: asyncio.get_running_loop().create_task(sync.run()))
 
     @property

@@ -61,6 +61,7 @@ class Membership:
         self._incarnations = 0
         self._version = 0  # bumped on every change to `_wanted`
         self._changed = threading.Condition()
+        self.latency_totals: dict[str, tuple[float, float]] = {}  # the router's cumulative TTFT / TPOT (sum, count)
 
     # ---- the controller's side ------------------------------------------------
     def register(self, worker) -> None:
@@ -88,11 +89,13 @@ class Membership:
             return {name: view.as_state() for name, view in self._report.items()}
 
     # ---- the router's side ----------------------------------------------------
-    def sync(self, report: dict[str, RouterView], known_version: int) -> tuple[int, list[WantedWorker]]:
+    def sync(self, report: dict[str, RouterView], known_version: int,
+             latency_totals: dict[str, tuple[float, float]] | None = None) -> tuple[int, list[WantedWorker]]:  # fmt: skip
         """Take the router's report; reply with the wanted membership once it differs from `known_version`
         (or after `poll_s`, so reports keep coming while nothing changes)."""
         with self._changed:
             self._report = dict(report)
+            self.latency_totals = dict(latency_totals or {})
             self._changed.notify_all()
             self._changed.wait_for(lambda: self._version != known_version, timeout=self.poll_s)
             return self._version, list(self._wanted.values())

@@ -19,9 +19,10 @@ logger = logging.getLogger("tandem.cluster")
 
 
 class RouterSync:
-    def __init__(self, registry, controller, retry_s: float = 1.0):
+    def __init__(self, registry, controller, latency_totals=dict, retry_s: float = 1.0):
         self.registry = registry
         self.controller = controller  # the ControllerActor handle
+        self.latency_totals = latency_totals  # () -> the router's cumulative TTFT / TPOT (for the autoscaler)
         self.retry_s = retry_s
         self._incarnation: dict[str, int] = {}  # name -> incarnation the registry holds
         self._version = -1
@@ -51,7 +52,8 @@ class RouterSync:
         """Until cancelled. A failed sync (the controller restarting, Ray busy) is retried, never fatal."""
         while True:
             try:
-                self._version, wanted = await self.controller.sync.remote(self.report(), self._version)
+                reply = self.controller.sync.remote(self.report(), self._version, self.latency_totals())
+                self._version, wanted = await reply
                 self.apply(wanted)
             except asyncio.CancelledError:
                 raise

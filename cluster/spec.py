@@ -6,6 +6,7 @@
     router: {host: 127.0.0.1, port: 8000, routing_policy: cache_aware}
     prefill: {replicas: 1, tensor_parallel_size: 1, dtype: auto, resources: {gpu_a: 1}}
     decode:  {replicas: 2, tensor_parallel_size: 2, node_labels: {tier: decode}}
+    autoscale: {enabled: true, decode: {min_replicas: 1, max_replicas: 4, max_latency_s: 0.1}}
 
 A pool's `resources` and `node_labels` are per rank: a worker of TP size n asks
 n times, all on one node (a STRICT_PACK placement group). Every mistake, in a
@@ -101,6 +102,35 @@ class HealthSpec(_Strict):
     stable_after_s: float = Field(60.0, ge=0)
 
 
+class PoolAutoscale(_Strict):
+    """Bounds of one pool under the autoscaler, and the targets that grow it (see `cluster.autoscaler`)."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    max_waiting_per_worker: float = Field(4.0, gt=0)  # prefill: prompts queued per worker
+    max_kv_usage: float = Field(0.85, gt=0, le=1)  # decode: mean fraction of KV blocks in use
+    max_latency_s: float | None = Field(None, gt=0)  # prefill: mean TTFT; decode: mean TPOT (None: not used)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "PoolAutoscale":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} is above max_replicas {self.max_replicas}")
+        return self
+
+
+class AutoscaleSpec(_Strict):
+    """Off unless `enabled`: then every `interval_s` each pool may grow or shrink by one, at most once per `cooldown_s`."""
+
+    enabled: bool = False
+    interval_s: float = Field(5.0, gt=0)
+    cooldown_s: float = Field(60.0, ge=0)
+    prefill: PoolAutoscale = PoolAutoscale()
+    decode: PoolAutoscale = PoolAutoscale()
+
+    def pool(self, role: str) -> PoolAutoscale:
+        return self.prefill if role == "prefill" else self.decode
+
+
 class ClusterSpec(_Strict):
     model: str | None = None
     # Where the KV, inbox and token-stream sockets bind: loopback (one machine) or each node's
@@ -111,6 +141,7 @@ class ClusterSpec(_Strict):
     prefill: PoolSpec = PoolSpec()
     decode: PoolSpec = PoolSpec()
     health: HealthSpec = HealthSpec()
+    autoscale: AutoscaleSpec = AutoscaleSpec()
 
     @model_validator(mode="after")
     def _servable(self) -> "ClusterSpec":

@@ -65,6 +65,13 @@ class RouterMetrics:
         """A sequence ended before its final delta (client gone, error): counted as `abort`."""
         self.finished.labels("abort").inc()
 
+    def latency_totals(self) -> dict[str, tuple[float, float]]:
+        """Cumulative (sum of seconds, count) of TTFT and TPOT: an autoscaler diffs two readings for a mean."""
+        read = self.registry.get_sample_value
+        return {name: (read(f"{metric}_sum") or 0.0, read(f"{metric}_count") or 0.0)
+                for name, metric in (("ttft", "tandem:time_to_first_token_seconds"),
+                                     ("tpot", "tandem:time_per_output_token_seconds"))}  # fmt: skip
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
