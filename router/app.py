@@ -82,7 +82,9 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
             await dispatcher.drain_aborts()
             await stream.close()
 
-    app = FastAPI(title="Tandem", summary="OpenAI-compatible API of a disaggregated LLM server", lifespan=lifespan)
+    # The router's metrics are Prometheus' (/metrics); FastAPI's own OpenTelemetry hooks would cost every request.
+    app = FastAPI(title="Tandem", summary="OpenAI-compatible API of a disaggregated LLM server", lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})  # fmt: skip
     app.state.router = state
     install_error_handlers(app)
     app.add_middleware(_StatusCounter, metrics=metrics)
