@@ -254,6 +254,11 @@ class WorkerLoad:
     free_blocks: int
     total_blocks: int
     prefix_cache_hit_rate: float
+    # Decode: KV transfers received since the worker started (tensor parallel: rank 0's heads only),
+    # their bytes, and the sum of their durations (first landed chunk to last). Prefill: zeros.
+    kv_transfers: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
 
 
 
