@@ -1,7 +1,7 @@
 """The router's FastAPI app: `create_app(config, registry)` wires every piece; the caller registers workers.
 
     app = create_app(RouterConfig(model_dir=...), registry)
-    registry.register("decode-0", "decode", AsyncEncodedCalls(...))   # before or after start, on the app's loop
+    registry.register("decode-0", "decode", control_endpoint(address)) # before or after start, on the app's loop
     serve(app, config)                                                # router.server
 
 On startup the token stream binds and the periodic load refresh starts; on
