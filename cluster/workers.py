@@ -59,6 +59,8 @@ class PoolWorker:
 
     def endpoint(self) -> AsyncEncodedCalls:
         """How the router calls this worker: over rank 0's control socket (call after `wait_ready`)."""
+        if not self.control_address:
+            raise RuntimeError(f"{self.name}: no control address yet (wait_ready first)")
         return control_endpoint(self.control_address)
 
     def wait_ready(self, timeout_s: float, stop=None) -> None:
