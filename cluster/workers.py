@@ -5,7 +5,10 @@ STRICT_PACK placement group (TP=n), whose rank 0 is its face. With
 `data_plane: node_ip` decode workers bind their KV and inbox sockets on their
 node's Ray address, so prefill workers on other machines reach them. `launch` returns
 at once for TP=1 (the actor builds its engine in the background; `wait_ready`
-waits for it); a TP group is ready when `launch` returns.
+waits for it); a TP group is ready when `launch` returns. The router calls a
+worker over its rank 0's control socket (`endpoint`, kvtransfer.control_client),
+bound on loopback or, with `data_plane: node_ip`, on the node's address; Ray
+stays for the lifecycle (start, health, stop).
 
 Ownership: whoever launched a `PoolWorker` kills it (`stop` or `kill`); the
 controller does, for every worker it started.
@@ -22,6 +25,7 @@ from decode_worker.actor import DecodeActor, DecodeFollowerActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine.llm_engine import EngineArgs
 from engine.parallel.ray_group import start_tp_actors
+from kvtransfer.control_client import control_endpoint
 from kvtransfer.handoff import AsyncEncodedCalls
 from prefill_worker.actor import PrefillActor, PrefillFollowerActor
 from prefill_worker.worker import PrefillWorkerConfig
@@ -53,11 +57,13 @@ class PoolWorker:
     restarts: int = 0
     quick_deaths: int = 0  # deaths in a row soon after starting (`cluster.restart_backoff`)
     started_at: float = dataclasses.field(default_factory=time.monotonic)
+    control_address: str = ""  # rank 0's control socket, learnt by `wait_ready`
 
     def endpoint(self) -> AsyncEncodedCalls:
-        """How the router calls this worker (each call a Ray ObjectRef, awaited on the router's loop)."""
-        handle = self.rank0
-        return AsyncEncodedCalls(lambda method, payload: getattr(handle, method).remote(payload))
+        """How the router calls this worker: over rank 0's control socket (call after `wait_ready`)."""
+        if not self.control_address:
+            raise RuntimeError(f"{self.name}: no control address yet (wait_ready first)")
+        return control_endpoint(self.control_address)
 
     def wait_ready(self, timeout_s: float, stop=None) -> None:
         """Block until the engine is built (raises what building it raised); learn which node it is on.
@@ -73,6 +79,7 @@ class PoolWorker:
                 raise TimeoutError(f"{self.name} was not built within {timeout_s:.0f} s (no node with room for it?)")
         ray.get(ready)
         self.node_id = ray.get(self.rank0.__ray_call__.remote(_node_id), timeout=timeout_s)
+        self.control_address = ray.get(self.rank0.control_address.remote(), timeout=timeout_s)
 
     def heartbeats(self) -> list:
         """One ObjectRef per actor: rank 0's `load()` (its step loop answers) and each follower's liveness."""
@@ -120,9 +127,23 @@ def _on_this_node(config):
                                inbox_address=config.inbox_address.replace("127.0.0.1", host))  # fmt: skip
 
 
+def _node_control_address() -> str:
+    import ray
+
+    return f"tcp://{ray.util.get_node_ip_address()}:0"
+
+
 class NodeDecodeActor(DecodeActor):
     def __init__(self, engine_args, config, *rest):
         super().__init__(engine_args, _on_this_node(config), *rest)
+
+    def control_bind_address(self) -> str:
+        return _node_control_address()
+
+
+class NodePrefillActor(PrefillActor):
+    def control_bind_address(self) -> str:
+        return _node_control_address()
 
 
 class NodeDecodeFollowerActor(DecodeFollowerActor):
@@ -131,9 +152,10 @@ class NodeDecodeFollowerActor(DecodeFollowerActor):
 
 
 def _actor_classes(spec: ClusterSpec, role: str) -> tuple[type, type]:
-    if role == "prefill":
-        return PrefillActor, PrefillFollowerActor  # binds no socket another node connects to
-    if spec.data_plane == "node_ip":
+    node_ip = spec.data_plane == "node_ip"
+    if role == "prefill":  # followers bind no socket another node connects to
+        return (NodePrefillActor if node_ip else PrefillActor), PrefillFollowerActor
+    if node_ip:
         return NodeDecodeActor, NodeDecodeFollowerActor
     return DecodeActor, DecodeFollowerActor
 

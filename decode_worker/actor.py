@@ -15,17 +15,29 @@ from engine.parallel.follower_host import FollowerActor
 from engine.parallel.ray_group import TPActors, start_tp_actors
 from engine.step_loop import LoopedActor
 from kvtransfer.codec import decode, encode
+from kvtransfer.control_server import COMMON_CALLS, ControlServed
 from kvtransfer.protocol import GenerateRequest
 
 
-class DecodeActor(LoopedActor):
+def _reserve(payload: bytes):
+    request = decode(payload, GenerateRequest)
+    return lambda worker: encode(worker.reserve(request))
+
+
+DECODE_CALLS = {"reserve": _reserve, **COMMON_CALLS}
+
+
+class DecodeActor(ControlServed, LoopedActor):
+    """Rank 0 (the worker's face): Ray methods for the lifecycle; the router calls its control socket."""
+
+    control_calls = DECODE_CALLS
+
     def __init__(self, engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(),
                  torch_threads: int | None = 1, start: bool = True):  # fmt: skip
         super().__init__(lambda args: DecodeWorker(args, config), engine_args, config.name, torch_threads, start)
 
     def reserve(self, payload: bytes) -> bytes:
-        request = decode(payload, GenerateRequest)
-        return encode(self.loop.call(lambda w: w.reserve(request)))
+        return self.loop.call(_reserve(payload))
 
     def load(self, _=None) -> bytes:
         return encode(self.loop.call(lambda w: w.load()))

@@ -134,10 +134,11 @@ class DecodeWorker:
         self._end_with_error(request_id, "aborted by the client")
 
     def load(self) -> WorkerLoad:
-        kv, sched = self.engine.kv_cache, self.engine.scheduler
+        kv, sched, received = self.engine.kv_cache, self.engine.scheduler, self.receiver.stats
         return WorkerLoad(
             self.config.name, len(sched.waiting) + len(waiting_for_kv(self.engine)), len(sched.running),
             len(self.receiver.pending()), kv.num_free_blocks, kv.pool.num_blocks, kv.pool.hit_rate,
+            received.transfers_completed, received.transfer_bytes, received.transfer_seconds,
         )  # fmt: skip
 
     def is_idle(self) -> bool:

@@ -41,11 +41,15 @@ class StepLoop(Generic[W]):
         ready.result()  # raises what building the worker raised
 
     def call(self, fn: Callable[[W], R], timeout: float | None = 60.0) -> R:
+        return self.submit(fn).result(timeout)
+
+    def submit(self, fn: Callable[[W], R]) -> Future:
+        """`call` without waiting: the future gets `fn(worker)`'s result or exception (set on the loop's thread)."""
         if self._stopped:
             raise RuntimeError(f"{self.name} is stopped")
         done: Future = Future()
         self._calls.put((fn, done))
-        return done.result(timeout)
+        return done
 
     def stop(self, timeout: float = 30.0) -> None:
         """Close the worker on its thread and end the loop."""
@@ -110,6 +114,13 @@ class LoopedActor:
         self.loop: StepLoop | None = None
         if start:
             self.loop = StepLoop(lambda: make_worker(engine_args), name)
+            self.on_started()
+
+    def on_started(self) -> None:
+        """The worker is built: a subclass starts serving it here (e.g. its control socket)."""
+
+    def on_stopping(self) -> None:
+        """`shutdown` begins: a subclass stops what `on_started` started."""
 
     def free_init_addr(self) -> str:
         from engine.parallel.ray_group import free_init_addr
@@ -120,6 +131,7 @@ class LoopedActor:
         """Build the worker as rank 0 of its tensor-parallel group, meeting the other ranks at `init_addr`."""
         args = dataclasses.replace(self.engine_args, tensor_parallel_rank=0, dist_init_addr=init_addr)
         self.loop = StepLoop(lambda: self._make_worker(args), self.name)
+        self.on_started()
 
     def attach_followers(self, endpoints: list[bytes]) -> None:
         """Rank 0: the follower ranks' I/O workers (their `start` answers, rank order)."""
@@ -136,6 +148,7 @@ class LoopedActor:
 
     def shutdown(self) -> bool:
         """Stop the loop, aborting what is left; True if the block pool was all free before that."""
+        self.on_stopping()
         all_free = self.loop.call(lambda w: w.is_idle() and w.pool_all_free())
         self.loop.stop()
         return all_free

@@ -57,7 +57,7 @@ def _to_ext(obj: Any) -> msgpack.ExtType:
     name = type(obj).__name__
     if _REGISTRY.get(name) is not type(obj):
         raise TypeError(f"{name} is not a registered message type; decorate it with @message")
-    values = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    values = [getattr(obj, f) for f in _field_names(type(obj))]
     return msgpack.ExtType(_EXT_MESSAGE, msgpack.packb([name, *values], default=_to_ext, use_bin_type=True))
 
 
@@ -71,10 +71,15 @@ def _from_ext(code: int, data: bytes) -> Any:
     fields = dataclasses.fields(cls)
     if len(values) != len(fields):
         raise DecodeError(f"{name}: expected {len(fields)} fields, got {len(values)}")
-    for f, value in zip(fields, values):
-        if not _conforms(value, _hints(cls)[f.name]):
+    for f, value, conforms in zip(fields, values, _checkers(cls)):
+        if not conforms(value):
             raise DecodeError(f"{name}.{f.name}: {type(value).__name__} does not match {_hints(cls)[f.name]}")
     return cls(*values)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 @functools.cache
@@ -82,27 +87,38 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _conforms(value: Any, hint: Any) -> bool:
-    """Shallow-but-recursive type check of decoded values against the field's annotation."""
+@functools.cache
+def _checkers(cls: type) -> tuple:
+    """One type check per field, in declaration order, built once per message type."""
+    return tuple(_checker(_hints(cls)[f.name]) for f in dataclasses.fields(cls))
+
+
+def _checker(hint: Any):
+    """A shallow-but-recursive check of a decoded value against a field's annotation."""
     origin = typing.get_origin(hint)
     if hint is Any:
-        return True
+        return lambda value: True
     if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, h) for h in typing.get_args(hint))
+        options = tuple(_checker(h) for h in typing.get_args(hint))
+        return lambda value: any(check(value) for check in options)
     if hint is type(None):
-        return value is None
+        return lambda value: value is None
     if origin is tuple:
         args = typing.get_args(hint)
-        if not isinstance(value, tuple):
-            return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_conforms(v, args[0]) for v in value)
-        return len(args) == len(value) and all(_conforms(v, a) for v, a in zip(value, args))
+            item = _checker(args[0])
+            if args[0] is int:  # token ids: the hot case, checked without a call per item
+                return lambda value: isinstance(value, tuple) and all(type(v) is int for v in value)
+            return lambda value: isinstance(value, tuple) and all(item(v) for v in value)
+        items = tuple(_checker(a) for a in args)
+        return lambda value: isinstance(value, tuple) and len(items) == len(value) and all(
+            check(v) for check, v in zip(items, value)
+        )
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
+        return lambda value: isinstance(value, int) and not isinstance(value, bool)
+    return lambda value: isinstance(value, hint)
 
 
 def _names(expected) -> str:

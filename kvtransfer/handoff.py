@@ -24,7 +24,8 @@ the prefill frees its blocks once every transfer of the request has ended, and
 fails the request when one of them fails. The workers never import each other:
 they meet only through these messages. Endpoints are the worker objects
 themselves (in-process) or `EncodedCalls` over actor handles (Ray); the router's
-event loop uses the same protocol through `start_request_async` and `AsyncEncodedCalls`.
+event loop uses the same protocol through `start_request_async` and `AsyncEncodedCalls`,
+whose calls go over each worker's control socket (`kvtransfer.control_client`).
 """
 
 from __future__ import annotations

@@ -254,7 +254,33 @@ class WorkerLoad:
     free_blocks: int
     total_blocks: int
     prefix_cache_hit_rate: float
+    # Decode: KV transfers received since the worker started (tensor parallel: rank 0's heads only),
+    # their bytes, and the sum of their durations (first landed chunk to last). Prefill: zeros.
+    kv_transfers: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
 
+
+
+# ---- the router's calls to a worker (kvtransfer.control_server / control_client) ----
+#
+#   router DEALER ── ControlCall(call_id, "reserve" | "prefill" | "abort" | "load", payload) ──► worker ROUTER
+#   router DEALER ◄── ControlReply(call_id, payload | error) ── worker (in any order: matched by call_id)
+
+
+@message
+class ControlCall:
+    call_id: int
+    method: str
+    payload: bytes | str | None  # what the Ray actor method of the same name takes (msgpack bytes or an id)
+
+
+@message
+class ControlReply:
+    call_id: int
+    payload: bytes | str | None = None
+    error: str = ""  # set when the call failed
+    rejected: bool = False  # the call's own fault (bad payload, unknown method): the worker is fine
 
 # ---- inside one tensor-parallel worker: rank 0 and its follower ranks' I/O threads ----
 #

@@ -43,6 +43,10 @@ class ReceiverStats:
     dropped_chunks: int = 0  # for requests no longer expected (aborted, failed, done)
     bytes_written: int = 0
     chunks_written: int = 0  # messages landed in the cache
+    # Completed transfers: how many, their bytes, and the time from each one's first landed chunk to its last.
+    transfers_completed: int = 0
+    transfer_bytes: int = 0
+    transfer_seconds: float = 0.0
 
 
 @dataclass
@@ -219,6 +223,7 @@ class KVReceiver(KVReceiverBase):
         self._write(chunk, res, frames)
         if res.complete:
             del self._reservations[chunk.request_id]
+            self._count_transfer(res)
             self._tell(res.contributors, TransferDone(chunk.request_id))
             events.append(TransferEvent(chunk.request_id, "done", sender.name))
 
@@ -262,8 +267,17 @@ class KVReceiver(KVReceiverBase):
                 for cache, frame in ((k_cache, frames[2 * i]), (v_cache, frames[2 * i + 1])):
                     write_run(cache, _buffer(frame), start, length, chunk.head_start, chunk.num_heads)
             res.mark_written(chunk.layer, start, length, heads)
+        nbytes = 2 * sum(frame_nbytes(k_cache, n, chunk.num_heads) for _, n in chunk.dst_runs)
         self.stats.chunks_written += 1
-        self.stats.bytes_written += 2 * sum(frame_nbytes(k_cache, n, chunk.num_heads) for _, n in chunk.dst_runs)
+        self.stats.bytes_written += nbytes
+        res.bytes_written += nbytes
+        if res.first_write_at is None:
+            res.first_write_at = self.clock()
+
+    def _count_transfer(self, res: Reservation) -> None:
+        self.stats.transfers_completed += 1
+        self.stats.transfer_bytes += res.bytes_written
+        self.stats.transfer_seconds += self.clock() - res.first_write_at
 
     # -- timers --
 

@@ -21,6 +21,8 @@ class Reservation:
     # updated and checked once per arriving message, and numpy does that in a fraction of torch's time.
     covered: np.ndarray
     contributors: set[bytes] = field(default_factory=set)  # ZMQ identities of senders filling it
+    bytes_written: int = 0  # K and V bytes landed so far
+    first_write_at: float | None = None  # receiver clock time of the first landed chunk
 
     @classmethod
     def create(cls, block_ids, num_layers: int, local_heads: int, deadline: float) -> "Reservation":

@@ -13,19 +13,31 @@ from engine.parallel.follower_host import FollowerActor
 from engine.parallel.ray_group import TPActors, start_tp_actors
 from engine.step_loop import LoopedActor
 from kvtransfer.codec import decode, encode
+from kvtransfer.control_server import COMMON_CALLS, ControlServed
 from kvtransfer.protocol import PrefillTask
 from prefill_worker.shard_sender import ShardSender
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
 
 
-class PrefillActor(LoopedActor):
+def _prefill(payload: bytes):
+    task = decode(payload, PrefillTask)
+    return lambda worker: worker.prefill(task)
+
+
+PREFILL_CALLS = {"prefill": _prefill, **COMMON_CALLS}
+
+
+class PrefillActor(ControlServed, LoopedActor):
+    """Rank 0 (the worker's face): Ray methods for the lifecycle; the router calls its control socket."""
+
+    control_calls = PREFILL_CALLS
+
     def __init__(self, engine_args: EngineArgs, config: PrefillWorkerConfig = PrefillWorkerConfig(),
                  torch_threads: int | None = 1, start: bool = True):  # fmt: skip
         super().__init__(lambda args: PrefillWorker(args, config), engine_args, config.name, torch_threads, start)
 
     def prefill(self, payload: bytes) -> None:
-        task = decode(payload, PrefillTask)
-        self.loop.call(lambda w: w.prefill(task))
+        self.loop.call(_prefill(payload))
 
     def load(self, _=None) -> bytes:
         return encode(self.loop.call(lambda w: w.load()))

@@ -1,7 +1,7 @@
 """The router's FastAPI app: `create_app(config, registry)` wires every piece; the caller registers workers.
 
     app = create_app(RouterConfig(model_dir=...), registry)
-    registry.register("decode-0", "decode", AsyncEncodedCalls(...))   # before or after start, on the app's loop
+    registry.register("decode-0", "decode", control_endpoint(address)) # before or after start, on the app's loop
     serve(app, config)                                                # router.server
 
 On startup the token stream binds and the periodic load refresh starts; on
@@ -82,7 +82,9 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
             await dispatcher.drain_aborts()
             await stream.close()
 
-    app = FastAPI(title="Tandem", summary="OpenAI-compatible API of a disaggregated LLM server", lifespan=lifespan)
+    # The router's metrics are Prometheus' (/metrics); FastAPI's own OpenTelemetry hooks would cost every request.
+    app = FastAPI(title="Tandem", summary="OpenAI-compatible API of a disaggregated LLM server", lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})  # fmt: skip
     app.state.router = state
     install_error_handlers(app)
     app.add_middleware(_StatusCounter, metrics=metrics)

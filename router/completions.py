@@ -8,7 +8,7 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from router.api_models import CompletionRequest, CompletionResponse
+from router.api_models import CompletionRequest
 from router.errors import bad_request
 from router.openai_common import check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response
 from router.served_model import ServedModel
@@ -29,14 +29,17 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
         usage = body.stream_options is not None and body.stream_options.include_usage
         return sse_response(running, _chunks(running, rid, created, model, body.logprobs is not None, usage))
     choices = await collect(running, request)
-    return JSONResponse(content=CompletionResponse(
-        id=rid, created=created, model=model.name, usage=running.usage(),
-        choices=[
-            {"index": i, "text": c["text"], "finish_reason": c["finish_reason"],
-             "logprobs": _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs is not None else None}
+    # A `CompletionResponse` as a plain dict: building and dumping the pydantic model costs every request.
+    return JSONResponse(content={
+        "id": rid, "object": "text_completion", "created": created, "model": model.name,
+        "choices": [
+            {"index": i, "text": c["text"],
+             "logprobs": _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs is not None else None,
+             "finish_reason": c["finish_reason"]}
             for i, c in sorted(choices.items())
         ],
-    ).model_dump())  # fmt: skip
+        "usage": running.usage(),
+    })  # fmt: skip
 
 
 async def _chunks(running: RunningRequest, rid: str, created: int, model: ServedModel, logprobs: bool,

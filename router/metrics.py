@@ -5,10 +5,11 @@ latency, finish reasons, prompt and generated tokens, prefix-cache queries and
 hits (prompt tokens, and those the decode worker already held). Per HTTP
 response: status by endpoint. Per worker, read at scrape time from the
 registry: waiting, running, in-flight as the router counts it, KV-cache usage,
-prefix-cache hit rate, alive.
-
-KV transfer bytes and time are not here: workers do not report them yet
-(`WorkerLoad` has no such field; the prefill worker counts transfer outcomes only).
+prefix-cache hit rate, alive, and (decode workers) the KV transfers received:
+count, bytes and seconds (first to last chunk of each), counters the worker
+keeps since it started (a restarted worker starts again from zero, which
+Prometheus reads as a counter reset); rate(bytes) / rate(count) is the mean
+transfer size, rate(seconds) / rate(count) the mean transfer time.
 Each app gets its own `CollectorRegistry`, so several routers can live in one process.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.registry import WorkerRegistry
 
@@ -91,6 +92,11 @@ class _WorkerCollector:
             "hits": GaugeMetricFamily("tandem:worker_prefix_cache_hit_rate", "A worker's own prefix-cache hit rate.", labels=["worker", "role"]),
             "alive": GaugeMetricFamily("tandem:worker_alive", "1 while the worker is in its pool.", labels=["worker", "role"]),
         }  # fmt: skip
+        transfers = {
+            "kv_transfers": CounterMetricFamily("tandem:kv_transfers", "KV transfers a decode worker received whole.", labels=["worker", "role"]),
+            "kv_transfer_bytes": CounterMetricFamily("tandem:kv_transfer_bytes", "Bytes of KV a decode worker received in whole transfers.", labels=["worker", "role"]),
+            "kv_transfer_seconds": CounterMetricFamily("tandem:kv_transfer_seconds", "Sum of KV transfer times (first to last chunk) on a decode worker.", labels=["worker", "role"]),
+        }  # fmt: skip
         for w in list(self._workers.workers.values()):
             labels = [w.name, w.role]
             families["in_flight"].add_metric(labels, w.in_flight)
@@ -101,4 +107,8 @@ class _WorkerCollector:
                 used = 1 - w.load.free_blocks / w.load.total_blocks if w.load.total_blocks else 0.0
                 families["kv"].add_metric(labels, used)
                 families["hits"].add_metric(labels, w.load.prefix_cache_hit_rate)
+                if w.role == "decode":
+                    for name, family in transfers.items():
+                        family.add_metric(labels, getattr(w.load, name))
         yield from families.values()
+        yield from transfers.values()

@@ -75,15 +75,22 @@ async def collect(running: RunningRequest, request: Request) -> dict[int, dict]:
     """Every choice's full text, token logprobs and finish reason (non-streaming responses).
 
     A client that disconnects meanwhile gets its sequences aborted on the workers at once."""
-    work = asyncio.ensure_future(_gather(running))
     gone = asyncio.ensure_future(_disconnected(request))
+    this = asyncio.current_task()
+
+    def stop_collecting(watcher: asyncio.Future) -> None:
+        if not watcher.cancelled():
+            this.cancel()
+
+    gone.add_done_callback(stop_collecting)
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            work.cancel()
-            raise APIError(400, "the client disconnected")
-        return work.result()
+        return await _gather(running)
+    except asyncio.CancelledError:
+        if gone.done() and not gone.cancelled():
+            raise APIError(400, "the client disconnected") from None
+        raise
     finally:
+        gone.remove_done_callback(stop_collecting)
         gone.cancel()
         running.close()
 

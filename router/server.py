@@ -19,7 +19,8 @@ from router.config import RouterConfig
 
 
 def _uvicorn(app: FastAPI) -> uvicorn.Server:
-    config = uvicorn.Config(app, loop="uvloop", log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level="warning", access_log=False,
+                            proxy_headers=False, timeout_graceful_shutdown=5)  # fmt: skip
     return uvicorn.Server(config)
 
 

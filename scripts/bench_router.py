@@ -1,15 +1,18 @@
 """What the router adds: routing decisions/s, and HTTP request rate and latency with workers that answer at once.
 
-Stub workers are Ray actors speaking the real worker protocol (msgpack bytes in
-`reserve` / `prefill` / `abort` / `load`, TokenDeltas pushed over ZMQ): decode
-reserves at once, prefill pushes the first token and the final delta at once.
-So what is measured is the router alone. Three measurements, same run:
+Stub workers are the real control plane with stub worker objects behind it: each
+runs in its own process, on a real `StepLoop` served by the real `ControlServer`
+(the calls tables of the decode and prefill actors), so the router calls them
+over the same ZMQ control sockets as real workers, and tokens come back over the
+real token stream (TokenDeltas pushed over ZMQ). Decode reserves at once,
+prefill pushes the first token and the final delta at once. So what is measured
+is the router alone. Three measurements, same run:
 
   decisions   `WorkerRegistry.pick_prefill` + `pick_decode` in a loop (policy and decode choice, no I/O)
   direct      baseline: the handoff (`start_request_async`) and the token stream driven straight at the
               stubs from one event loop, no router, no HTTP
   router      POST /v1/completions (text prompt, non-streaming) to the router, served by uvicorn in its
-              own process, from an aiohttp client; added latency = router p50/p99 - direct p50/p99
+              own process(es), from an aiohttp client; added latency = router p50/p99 - direct p50/p99
 
 Each is run at concurrency 1 (latency) and `--concurrency` (throughput).
 
@@ -32,57 +35,71 @@ import time
 
 import aiohttp
 import httpx
-import ray
 
-from kvtransfer.codec import decode, encode
-from kvtransfer.handoff import AsyncEncodedCalls, start_request_async
+from decode_worker.actor import DECODE_CALLS
+from engine.step_loop import StepLoop
+from kvtransfer.control_client import control_endpoint
+from kvtransfer.control_server import ControlServer
+from kvtransfer.handoff import start_request_async
 from kvtransfer.protocol import DecodeReservation, GenerateRequest, PrefillTask, SamplingSpec, TokenDelta, WorkerLoad
+from kvtransfer.token_stream import Pushers
+from prefill_worker.actor import PREFILL_CALLS
 from router.policy import make_policy
 from router.registry import WorkerRegistry
 from router.token_stream import TokenStreamConsumer
 
-NAMESPACE = "bench-router"
 PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
 class StubDecode:
     """Reserves every request at once; the stub prefill does the streaming."""
 
-    def reserve(self, payload: bytes) -> bytes:
-        request = decode(payload, GenerateRequest)
-        return encode(DecodeReservation(request.request_id, False, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", (0,), 0))
+    def reserve(self, request: GenerateRequest) -> DecodeReservation:
+        return DecodeReservation(request.request_id, False, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", (0,), 0)
 
     def abort(self, request_id: str) -> None:
         pass
 
-    def load(self, _=None) -> bytes:
-        return encode(WorkerLoad("decode-0", 0, 0, 0, 1000, 1000, 0.0))
+    def load(self) -> WorkerLoad:
+        return WorkerLoad("decode-0", 0, 0, 0, 1000, 1000, 0.0)
+
+    def step(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
 
 
-class StubPrefill:
+class StubPrefill(StubDecode):
     """Streams `max_tokens` tokens at once: the first alone (as prefill does), the rest with the final delta."""
 
     def __init__(self):
-        from kvtransfer.token_stream import Pushers
-
         self.pushers = Pushers()
 
-    def prefill(self, payload: bytes) -> None:
-        req = decode(payload, PrefillTask).request
+    def prefill(self, task: PrefillTask) -> None:
+        req = task.request
         n, rid, to = req.sampling.max_tokens, req.request_id, req.stream_address
         self.pushers.send(to, TokenDelta(rid, 0, (100,)))
         rest = tuple(100 + i % 200 for i in range(1, n))
         self.pushers.send(to, TokenDelta(rid, 1, rest, True, "length", len(req.prompt_token_ids), n, 0))
 
-    def abort(self, request_id: str) -> None:
-        pass
-
-    def load(self, _=None) -> bytes:
-        return encode(WorkerLoad("prefill-0", 0, 0, 0, 1000, 1000, 0.0))
+    def load(self) -> WorkerLoad:
+        return WorkerLoad("prefill-0", 0, 0, 0, 1000, 1000, 0.0)
 
 
-def _remote(handle) -> AsyncEncodedCalls:
-    return AsyncEncodedCalls(lambda method, payload: getattr(handle, method).remote(payload))
+def serve_stub(role: str) -> None:
+    """Child process: one stub worker on a step loop behind a control server; prints its address, runs until killed."""
+    worker, calls = (StubDecode(), DECODE_CALLS) if role == "decode" else (StubPrefill(), PREFILL_CALLS)
+    loop = StepLoop(lambda: worker, f"{role}-0")
+    server = ControlServer(loop.submit, calls)
+    print(server.address, flush=True)
+    sys.stdin.read()  # until the parent closes our stdin
+
+
+def start_stub(role: str) -> tuple[subprocess.Popen, str]:
+    child = subprocess.Popen([sys.executable, __file__, "--serve-stub", role], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return child, child.stdout.readline().strip()
 
 
 def bench_decisions(seconds: float = 1.0) -> float:
@@ -114,10 +131,10 @@ async def _closed_loop(one_request, requests: int, concurrency: int) -> tuple[li
     return latencies, requests / (time.perf_counter() - start)
 
 
-async def bench_direct(decode_h, prefill_h, prompt_ids, max_tokens, requests, concurrency):
+async def bench_direct(addresses, prompt_ids, max_tokens, requests, concurrency):
     stream = TokenStreamConsumer()
     await stream.start()
-    decode_ep, prefill_ep = _remote(decode_h), _remote(prefill_h)
+    decode_ep, prefill_ep = control_endpoint(addresses["decode"]), control_endpoint(addresses["prefill"])
     sampling = SamplingSpec(temperature=0.0, max_tokens=max_tokens)
 
     async def one(i):
@@ -134,7 +151,8 @@ async def bench_direct(decode_h, prefill_h, prompt_ids, max_tokens, requests, co
     return result
 
 
-async def bench_http(url, model, max_tokens, requests, concurrency):
+async def bench_http(url, model, max_tokens, requests, concurrency, pids):
+    """Latencies, requests/s, and CPU µs per request of each process in `pids` (name -> pid; "client": this one)."""
     # aiohttp (C HTTP parser): a lighter client than httpx, which would eat much of the 2 shared cores itself.
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(base_url=url, connector=connector) as client:
@@ -146,20 +164,31 @@ async def bench_http(url, model, max_tokens, requests, concurrency):
                 await response.read()
 
         await _closed_loop(one, min(200, requests), concurrency)  # warm-up
-        return await _closed_loop(one, requests, concurrency)
+        before = _cpu_seconds(pids)
+        latencies, rate = await _closed_loop(one, requests, concurrency)
+        after = _cpu_seconds(pids)
+        return latencies, rate, {name: (after[name] - before[name]) / requests * 1e6 for name in pids}
 
 
-def serve_router(gcs: str, model_dir: str, port: int) -> None:
-    """Child process: the router app on uvicorn, its workers the named stub actors."""
+def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU seconds so far of each process (Linux /proc)."""
+    ticks, out = os.sysconf("SC_CLK_TCK"), {}
+    for name, pid in pids.items():
+        fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+        out[name] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return out
+
+
+def serve_router(decode_address: str, prefill_address: str, model_dir: str, port: int) -> None:
+    """Child process: the router app on uvicorn, its workers the stubs at these control addresses."""
     from router.app import create_app
     from router.config import RouterConfig
     from router.server import serve
 
-    ray.init(address=gcs, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
     config = RouterConfig(model_dir, "bench", port=port, max_in_flight=4096)
     app = create_app(config)
-    app.state.router.registry.register("prefill-0", "prefill", _remote(ray.get_actor("prefill-0")))
-    app.state.router.registry.register("decode-0", "decode", _remote(ray.get_actor("decode-0")))
+    app.state.router.registry.register("prefill-0", "prefill", control_endpoint(prefill_address))
+    app.state.router.registry.register("decode-0", "decode", control_endpoint(decode_address))
     serve(app, config)
 
 
@@ -175,8 +204,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--port", type=int, default=18431)
     parser.add_argument("--markdown", help="append the results to this file")
-    parser.add_argument("--serve-router", nargs=2, metavar=("GCS", "MODEL_DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-router", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-stub", choices=("decode", "prefill"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_stub:
+        return serve_stub(args.serve_stub)
     if args.serve_router:
         return serve_router(*args.serve_router, args.port)
 
@@ -185,33 +217,37 @@ def main() -> None:
         from tests.tiny_models import build_tiny_model
 
         model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="bench-router-"), "llama"))
-    ctx = ray.init(address="local", num_cpus=2, namespace=NAMESPACE, include_dashboard=False,
-                   logging_level="WARNING", log_to_driver=False, _node_ip_address="127.0.0.1")  # fmt: skip
-    decode_h = ray.remote(StubDecode).options(name="decode-0", num_cpus=0).remote()
-    prefill_h = ray.remote(StubPrefill).options(name="prefill-0", num_cpus=0).remote()
+    stubs = {role: start_stub(role) for role in ("decode", "prefill")}
+    addresses = {role: address for role, (_, address) in stubs.items()}
     from transformers import AutoTokenizer
 
     prompt_ids = tuple(AutoTokenizer.from_pretrained(model_dir)(PROMPT)["input_ids"])
     rows = [("routing decisions (policy + decode choice, no I/O)", f"{bench_decisions():,.0f} decisions/s", "", "")]
-    child = subprocess.Popen([sys.executable, __file__, "--serve-router", ctx.address_info["gcs_address"], model_dir,
-                              "--port", str(args.port)])  # fmt: skip
+    child = subprocess.Popen([sys.executable, __file__, "--serve-router", addresses["decode"], addresses["prefill"],
+                              model_dir, "--port", str(args.port)])  # fmt: skip
+    pids = {"router": child.pid, "decode stub": stubs["decode"][0].pid, "prefill stub": stubs["prefill"][0].pid,
+            "client": os.getpid()}  # fmt: skip
     try:
         url = f"http://127.0.0.1:{args.port}"
         _wait_ready(url)
         for concurrency in (1, args.concurrency):
             n = args.requests if concurrency > 1 else min(args.requests, 1000)
-            direct, direct_rate = asyncio.run(bench_direct(decode_h, prefill_h, prompt_ids, args.max_tokens, n, concurrency))
-            routed, routed_rate = asyncio.run(bench_http(url, "bench", args.max_tokens, n, concurrency))
+            direct, direct_rate = asyncio.run(bench_direct(addresses, prompt_ids, args.max_tokens, n, concurrency))
+            routed, routed_rate, cpu = asyncio.run(bench_http(url, "bench", args.max_tokens, n, concurrency, pids))
             rows.append((f"direct (baseline), concurrency {concurrency}", f"{direct_rate:,.0f} req/s",
                          f"{_pct(direct, 50):.2f}", f"{_pct(direct, 99):.2f}"))  # fmt: skip
             rows.append((f"through the router (HTTP), concurrency {concurrency}", f"{routed_rate:,.0f} req/s",
                          f"{_pct(routed, 50):.2f}", f"{_pct(routed, 99):.2f}"))  # fmt: skip
             rows.append((f"added by the router, concurrency {concurrency}", "",
                          f"{_pct(routed, 50) - _pct(direct, 50):+.2f}", f"{_pct(routed, 99) - _pct(direct, 99):+.2f}"))  # fmt: skip
+            rows.append((f"CPU per HTTP request, concurrency {concurrency}",
+                         ", ".join(f"{name} {us:,.0f} µs" for name, us in cpu.items()), "", ""))  # fmt: skip
     finally:
         child.terminate()
         child.wait(30)
-        ray.shutdown()
+        for stub, _ in stubs.values():
+            stub.stdin.close()
+            stub.wait(30)
     report(args, rows)
 
 

@@ -8,7 +8,7 @@ import types
 from decode_worker.actor import start_decode_actor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from kvtransfer.handoff import AsyncEncodedCalls
+from kvtransfer.control_client import control_endpoint
 from prefill_worker.actor import start_prefill_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from router.app import create_app
@@ -22,8 +22,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def _remote(handle) -> AsyncEncodedCalls:
-    return AsyncEncodedCalls(lambda method, payload: getattr(handle, method).remote(payload))
+def _remote(ray, handle):
+    """The actor's endpoint as the cluster registers it: over its control socket."""
+    return control_endpoint(ray.get(handle.control_address.remote()))
 
 
 @contextlib.contextmanager
@@ -37,8 +38,8 @@ def router_on_ray(ray, args: EngineArgs, config: RouterConfig, port: int = 0):
     app = create_app(config)
     ray.get([a.is_idle.remote() for a in (prefill, decode)])  # built: the cluster registers ready workers
     registry = app.state.router.registry
-    registry.register("prefill-0", "prefill", _remote(prefill))
-    registry.register("decode-0", "decode", _remote(decode))
+    registry.register("prefill-0", "prefill", _remote(ray, prefill))
+    registry.register("decode-0", "decode", _remote(ray, decode))
     server = RouterServer(app, port=port)
     try:
         yield types.SimpleNamespace(server=server, app=app, actors=[prefill, decode])

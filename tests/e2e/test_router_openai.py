@@ -208,3 +208,34 @@ def test_no_live_worker_is_503(served):
         assert "decode" in _error(response, 503)["message"]
     finally:
         server.stop()
+
+
+def _decode_counter(s, name: str) -> float:
+    metrics = httpx.get(f"{s.server.url}/metrics").text
+    line = f'tandem:{name}_total{{role="decode",worker="decode-0"}}'
+    return sum(float(row.split()[-1]) for row in metrics.splitlines() if row.startswith(line))
+
+
+def test_kv_transfer_metrics_count_one_request_by_its_bytes(served):
+    import math
+    import random
+
+    import ray
+
+    from kvtransfer.codec import decode
+    from kvtransfer.protocol import WorkerLoad
+
+    # K and V of one block in every layer, and the block size, read off the decode worker's real cache tensors.
+    block_bytes, block_size = ray.get(served.actors[1].__ray_call__.remote(lambda actor: actor.loop.call(
+        lambda w: (sum(k[0].nbytes + v[0].nbytes for k, v in w.engine.runner.kv_caches),
+                   w.engine.runner.kv_caches[0][0].shape[1]))))  # fmt: skip
+    _wait_all_free(served)  # earlier tests' transfers are over; the router shows them once it has refreshed
+    settled = decode(ray.get(served.actors[1].load.remote()), WorkerLoad)
+    wait_for(lambda: _decode_counter(served, "kv_transfers") == settled.kv_transfers, "the router to catch up")
+    before = {n: _decode_counter(served, n) for n in ("kv_transfers", "kv_transfer_bytes", "kv_transfer_seconds")}
+    prompt = random.Random(7).sample(range(10, 300), 37)  # shares no block with any other test's prompt
+    served.client.completions.create(model=MODEL, prompt=prompt, **GREEDY)
+    wait_for(lambda: _decode_counter(served, "kv_transfers") == before["kv_transfers"] + 1, "the next load refresh")
+    sent = _decode_counter(served, "kv_transfer_bytes") - before["kv_transfer_bytes"]
+    assert sent == math.ceil(len(prompt) / block_size) * block_bytes
+    assert _decode_counter(served, "kv_transfer_seconds") > before["kv_transfer_seconds"]

@@ -10,11 +10,13 @@ import pytest
 from kvtransfer.codec import DecodeError, decode, encode, message
 from kvtransfer.protocol import (
     PROTOCOL_VERSION,
+    GenerateRequest,
     Heartbeat,
     Hello,
     IncompatiblePeerError,
     KVChunk,
     KVSpec,
+    SamplingSpec,
     TransferDone,
     check_hello,
     compat_hash,
@@ -48,6 +50,8 @@ def test_decode_rejects_what_is_not_exactly_a_registered_message():
         msgpack.packb(msgpack.ExtType(1, msgpack.packb(["TransferDone", 5]))),  # wrong field type
         msgpack.packb(msgpack.ExtType(1, msgpack.packb(["KVChunk", "r", 0, [["x", 1]], 0, 1, 0]))),
         pickle.dumps(TransferDone("r")),  # never unpickled
+        encode(GenerateRequest("r", (1, "x"), SamplingSpec(), "a")),  # a token id that is no int
+        encode(GenerateRequest("r", (1, True), SamplingSpec(), "a")),  # nor a bool
     ]
     for data in bad_inputs:
         with pytest.raises(DecodeError):

@@ -1,7 +1,7 @@
 """The dispatch layer on an event loop with real workers (prefill and decode actors built in-process, no Ray).
 
-Calls cross as msgpack bytes exactly as over Ray (`AsyncEncodedCalls`), tokens come
-back over the real ZMQ token stream; outputs equal transformers' greedy generate.
+Calls cross each actor's real control socket (`control_endpoint`, as the cluster registers
+workers), tokens come back over the real ZMQ token stream; outputs equal transformers' greedy generate.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from kvtransfer.handoff import AsyncEncodedCalls
+from kvtransfer.control_client import control_endpoint
 from kvtransfer.protocol import SamplingSpec
 from prefill_worker.actor import PrefillActor
 from prefill_worker.worker import PrefillWorkerConfig
@@ -28,9 +28,9 @@ from tests.e2e.harness import PROMPTS, wait_for
 GREEDY = SamplingSpec(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
-def _local(actor) -> AsyncEncodedCalls:
-    """An actor object in this process, each call on a thread (as Ray runs it on the actor's)."""
-    return AsyncEncodedCalls(lambda method, payload: asyncio.to_thread(getattr(actor, method), payload))
+def _local(actor):
+    """An actor object in this process, called over its control socket."""
+    return control_endpoint(actor.control_address())
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,7 @@ def actors(tiny_model_dirs):
     decode = DecodeActor(args, DecodeWorkerConfig("decode-0"), torch_threads=None)
     yield prefill, decode
     for actor in (prefill, decode):
+        actor.control.close()
         actor.loop.stop()
 
 
@@ -110,7 +111,7 @@ def test_closing_an_unfinished_generation_aborts_it_on_both_workers(actors):
 def test_a_failing_worker_is_marked_dead_and_forgotten(actors, tiny_model_dirs):
     args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256)
     stopped = PrefillActor(args, PrefillWorkerConfig("prefill-gone"), torch_threads=None)
-    stopped.loop.stop()  # every call now raises, as a dead actor's would
+    stopped.loop.stop()  # every call now fails, as a dying worker's would
 
     async def main():
         async with _dispatcher(*actors) as (dispatcher, registry):
@@ -125,6 +126,7 @@ def test_a_failing_worker_is_marked_dead_and_forgotten(actors, tiny_model_dirs):
             return registry
 
     registry = asyncio.run(main())
+    stopped.control.close()
     assert registry.workers["decode-0"].in_flight == 0
     wait_for(lambda: _all_free(*actors), "decode to free the aborted reservation")
 
