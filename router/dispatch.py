@@ -28,7 +28,7 @@ from typing import AsyncIterator, Sequence
 from kvtransfer.handoff import HandoffTimeouts, abort_request_async, start_request_async
 from kvtransfer.protocol import GenerateRequest, SamplingSpec, TokenDelta
 from router.migration import resumed_request
-from router.registry import WorkerRegistry
+from router.registry import WorkerFailed, WorkerRegistry
 from router.token_stream import OutputChunk, RequestOutputs, StreamFailed, TokenStreamConsumer
 from router.worker_state import WorkerState
 
@@ -79,14 +79,24 @@ class Dispatcher:
         registry.on_dead(self._fail_requests_of)
 
     async def start(self, prompt_ids: Sequence[int], sampling: SamplingSpec) -> Generation:
-        """Route and hand off; raises `NoLiveWorker`, `HandoffError`, `WorkerFailed` or ValueError (nothing held)."""
+        """Route and hand off; raises `NoLiveWorker`, `HandoffError`, `StreamFailed` or ValueError (nothing held).
+
+        A worker that fails under the handoff is marked dead and the request goes to live ones; `StreamFailed`
+        when none is left."""
         decode = self.registry.pick_decode(prompt_ids)
         prefill = None if self.colocated else self.registry.pick_prefill(prompt_ids)
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         request = GenerateRequest(request_id, tuple(prompt_ids), sampling, self.stream.address)
         gen = Generation(request, decode, prefill, self.stream.open(request_id), self)
         self.active[request_id] = gen
-        await self._hand_off(gen, request)
+        gen.resuming = asyncio.current_task()  # a worker dying under this handoff is dealt with here
+        try:
+            await self._hand_off(gen, request)
+        except WorkerFailed:
+            dead = decode if not decode.alive else prefill
+            await self._resume(gen, dead, raise_failure=True)
+        finally:
+            gen.resuming = None
         return gen
 
     async def _hand_off(self, gen: Generation, request: GenerateRequest) -> None:
@@ -150,8 +160,9 @@ class Dispatcher:
             if (gen.decode is worker or gen.prefill is worker) and gen.resuming is None:
                 gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, worker))
 
-    async def _resume(self, gen: Generation, dead: WorkerState) -> None:
-        """Move `gen` to live workers after `dead` failed; end its stream with an error when that cannot be done."""
+    async def _resume(self, gen: Generation, dead: WorkerState, raise_failure: bool = False) -> None:
+        """Move `gen` to live workers after `dead` failed; when that cannot be done, end its stream with
+        the error (or raise it: `raise_failure`, the request is still starting)."""
         try:
             while True:
                 reason = f"worker {dead.name} failed"
@@ -180,6 +191,9 @@ class Dispatcher:
                     dead = gen.decode if not gen.decode.alive else (gen.prefill or gen.decode)
                     logger.warning("resuming %s failed: %s", request.request_id, err)
         except StreamFailed as failed:
+            if raise_failure:
+                self._leave_workers(gen)
+                raise
             gen.outputs.put(failed)
         finally:
             gen.resuming = None
