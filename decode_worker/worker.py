@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from decode_worker.recompute import requeue_locally
 from engine.llm_engine import EngineArgs, EngineStepError, LLMEngine
 from engine.outputs import RequestOutput
 from engine.request import RequestStatus
@@ -302,24 +303,16 @@ class DecodeWorker:
         first = self._first_token.get(request_id)
         self._drop(request_id, reason)
         logger.warning("%s: recomputing the prompt here (%s)", request_id, reason)
-        done = [] if first is None else [first]  # the router streamed the prefill worker's first token
-        p = req.params
-        if first is not None and (first in p.stop_token_ids or (not p.ignore_eos and first in req.eos_token_ids)):
-            left, finish_reason = 0, "stop"
-        else:
-            left, finish_reason = req.max_tokens - len(done), "length"
-        if left <= 0:
-            n = len(done)
-            self._send(TokenDelta(request_id, n, (), True, finish_reason, req.num_prompt_tokens, n))
-            return
-        params = dataclasses.replace(p, max_tokens=left, min_tokens=max(0, p.min_tokens - len(done)))
         try:
-            self.engine.add_request(request_id, list(req.prompt_token_ids) + done, params)
+            spliced, finish_reason = requeue_locally(self.engine, req, first)
         except ValueError as err:
-            self._send(TokenDelta(request_id, len(done), (), True, "abort", req.num_prompt_tokens, len(done),
-                                  error=f"{reason}; recomputing failed: {err}"))  # fmt: skip
+            finish_reason, reason = "abort", f"{reason}; recomputing failed: {err}"
+            spliced = 0 if first is None else 1
+        if finish_reason is None:
+            self._recomputing[request_id] = spliced
             return
-        self._recomputing[request_id] = len(done)
+        self._send(TokenDelta(request_id, spliced, (), True, finish_reason, req.num_prompt_tokens, spliced,
+                              error=reason if finish_reason == "abort" else ""))  # fmt: skip
 
     def _send(self, delta: TokenDelta) -> None:
         spliced = self._recomputing.get(delta.request_id, 0)

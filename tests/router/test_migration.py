@@ -9,6 +9,7 @@ no duplicate and no gap, and the usage counts the whole request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -45,12 +46,21 @@ def survivors(engine_args):
         actor.loop.stop()
 
 
-def _registry(prefill, *decodes) -> WorkerRegistry:
+@contextlib.asynccontextmanager
+async def _dispatching(prefill, *decodes):
+    """A dispatcher over these workers (decode workers registered by their names) on a live token stream."""
     registry = WorkerRegistry(make_policy("round_robin"))
     registry.register("prefill-0", "prefill", _local(prefill))
     for actor in decodes:
         registry.register(actor.name, "decode", _local(actor))
-    return registry
+    stream = TokenStreamConsumer()
+    await stream.start()
+    dispatcher = Dispatcher(registry, stream)
+    try:
+        yield dispatcher, registry
+        await dispatcher.drain_aborts()
+    finally:
+        await stream.close()
 
 
 async def _tokens_until(gen, n: int, tokens: list[int]):
@@ -74,11 +84,7 @@ def test_a_dead_decode_workers_request_resumes_on_the_other_with_greedy_output(e
     prompt = PROMPTS["long"]
 
     async def main():
-        registry = _registry(prefill, doomed, decode)
-        stream = TokenStreamConsumer()
-        await stream.start()
-        dispatcher = Dispatcher(registry, stream)
-        try:
+        async with _dispatching(prefill, doomed, decode) as (dispatcher, registry):
             registry.drain("decode-1")  # the request starts on decode-0 ...
             gen = await dispatcher.start(prompt, LONG)
             registry.workers["decode-1"].draining = False  # ... and may move to decode-1
@@ -88,10 +94,7 @@ def test_a_dead_decode_workers_request_resumes_on_the_other_with_greedy_output(e
             doomed.loop.stop()
             final = await _tokens_until(gen, 10**6, tokens)
             gen.close()
-            await dispatcher.drain_aborts()
-            return gen, tokens, final, registry
-        finally:
-            await stream.close()
+        return gen, tokens, final, registry
 
     gen, tokens, final, registry = asyncio.run(main())
     assert gen.attempt == 1 and gen.decode.name == "decode-1"
@@ -106,11 +109,7 @@ def test_with_no_decode_worker_left_the_stream_fails_at_once(engine_args, surviv
     doomed = DecodeActor(engine_args, DecodeWorkerConfig("decode-0"), torch_threads=None)
 
     async def main():
-        registry = _registry(prefill, doomed)
-        stream = TokenStreamConsumer()
-        await stream.start()
-        dispatcher = Dispatcher(registry, stream)
-        try:
+        async with _dispatching(prefill, doomed) as (dispatcher, registry):
             gen = await dispatcher.start(PROMPTS["mid"], LONG)
             await _tokens_until(gen, 2, [])
             registry.mark_dead("decode-0", "killed by the test")
@@ -118,9 +117,6 @@ def test_with_no_decode_worker_left_the_stream_fails_at_once(engine_args, surviv
             with pytest.raises(StreamFailed, match="no decode worker is alive"):
                 await _tokens_until(gen, 10**6, [])
             gen.close()
-            await dispatcher.drain_aborts()
-        finally:
-            await stream.close()
 
     asyncio.run(main())
     wait_for(lambda: survivors[0].is_idle() and survivors[0].pool_all_free(), "prefill to be free")
@@ -130,11 +126,7 @@ def test_the_watchdog_ends_a_silent_request_and_its_close_frees_the_blocks(survi
     prefill, decode = survivors
 
     async def main():
-        registry = _registry(prefill, decode)
-        stream = TokenStreamConsumer()
-        await stream.start()
-        dispatcher = Dispatcher(registry, stream)
-        try:
+        async with _dispatching(prefill, decode) as (dispatcher, _):
             gen = await dispatcher.start(PROMPTS["long"], SamplingSpec(temperature=0.0, max_tokens=150, ignore_eos=True))
             await _tokens_until(gen, 1, [])
             far_later = gen.outputs.last_activity + 3600
@@ -142,9 +134,6 @@ def test_the_watchdog_ends_a_silent_request_and_its_close_frees_the_blocks(survi
             with pytest.raises(RequestTimedOut, match="no token for 60s"):
                 await _tokens_until(gen, 10**6, [])
             gen.close()
-            await dispatcher.drain_aborts()
-        finally:
-            await stream.close()
 
     asyncio.run(main())
     wait_for(lambda: all(a.is_idle() and a.pool_all_free() for a in survivors), "the workers to be free")
