@@ -91,10 +91,13 @@ class Dispatcher:
         self.active[request_id] = gen
         gen.resuming = asyncio.current_task()  # a worker dying under this handoff is dealt with here
         try:
-            await self._hand_off(gen, request)
-        except WorkerFailed:
-            dead = decode if not decode.alive else prefill
-            await self._resume(gen, dead, raise_failure=True)
+            try:
+                await self._hand_off(gen, request)
+                dead = _dead_worker(gen)  # marked dead by the load refresh while the handoff ran
+            except WorkerFailed:
+                dead = decode if not decode.alive else prefill
+            if dead is not None:
+                await self._resume(gen, dead, raise_failure=True)
         finally:
             gen.resuming = None
         return gen
@@ -186,10 +189,12 @@ class Dispatcher:
                 logger.warning("resuming %s on %s after %s", request.request_id, gen.decode.name, reason)
                 try:
                     await self._hand_off(gen, request)
-                    return
                 except Exception as err:  # the new worker failed too (it is marked dead): try the next one
-                    dead = gen.decode if not gen.decode.alive else (gen.prefill or gen.decode)
                     logger.warning("resuming %s failed: %s", request.request_id, err)
+                    dead = _dead_worker(gen) or dead
+                    continue
+                if (dead := _dead_worker(gen)) is None:
+                    return
         except StreamFailed as failed:
             if raise_failure:
                 self._leave_workers(gen)
@@ -217,3 +222,8 @@ class Dispatcher:
         """Wait for the aborts already sent (shutdown, tests)."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+def _dead_worker(gen: Generation) -> WorkerState | None:
+    """A worker of `gen`'s current attempt that is marked dead, if any."""
+    return next((w for w in (gen.decode, gen.prefill) if w is not None and not w.alive), None)
