@@ -36,6 +36,7 @@ _FLAG_FIELDS = {
     "served_model_name": "router.served_model_name",
     "num_prefill": "prefill.replicas",
     "num_decode": "decode.replicas",
+    "kv_transfer_failure": "kv_transfer_failure",
 }
 _BOTH_POOLS = {"dtype": "dtype", "tensor_parallel_size": "tensor_parallel_size"}
 
@@ -60,6 +61,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--routing-policy", help="cache_aware (default), least_loaded, round_robin")
     p.add_argument("--num-prefill", type=int, help="prefill workers (0: decode workers prefill themselves)")
     p.add_argument("--num-decode", type=int, help="decode workers")
+    p.add_argument("--kv-transfer-failure", choices=("recompute", "fail"),
+                   help="a failed KV transfer: decode prefills the prompt itself (default) or the request fails")
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:

@@ -136,6 +136,8 @@ class ClusterSpec(_Strict):
     # Where the KV, inbox and token-stream sockets bind: loopback (one machine) or each node's
     # Ray address (workers on several machines; `tandem serve --address` picks it unless set).
     data_plane: Literal["loopback", "node_ip"] = "loopback"
+    # A KV transfer that fails: decode prefills the prompt itself (recompute) or the request ends with an error.
+    kv_transfer_failure: Literal["recompute", "fail"] = "recompute"
     engine: EngineSpec = EngineSpec()
     router: RouterSpec = RouterSpec()
     prefill: PoolSpec = PoolSpec()

@@ -165,7 +165,10 @@ def launch(spec: ClusterSpec, role: str, name: str) -> PoolWorker:
     import ray
 
     pool, args = spec.pool(role), engine_args_for(spec, role)
-    config = PrefillWorkerConfig(name) if role == "prefill" else DecodeWorkerConfig(name)
+    if role == "prefill":
+        config = PrefillWorkerConfig(name)
+    else:
+        config = DecodeWorkerConfig(name, kv_transfer_failure=spec.kv_transfer_failure)
     rank0_cls, follower_cls = _actor_classes(spec, role)
     if pool.tensor_parallel_size == 1:
         options = {"num_cpus": 0, **placement_options(pool)}

@@ -14,6 +14,14 @@ freeing a reservation this worker makes sure the receiver no longer writes
 into it (`receiver.abort`, or its failed event). Not thread-safe: drive it
 from one thread (`engine.step_loop.StepLoop`).
 
+A KV transfer that fails (frames lost or late past the deadline, the sender
+gone, the prefill worker's PrefillFailed) follows `kv_transfer_failure`:
+"recompute" (default) frees the reservation and prefills the prompt here
+(after the first token when its FirstToken came: the router has shown it
+already), "fail" ends the request with an error delta. Requests whose router
+stops calling (no reserve, abort or load for `router_lease_s`: it vanished)
+are ended and their blocks freed.
+
 Tensor parallel (engine tp_size n > 1): this object is rank 0. Each follower
 rank runs the forward loop and, on an I/O thread, a `ShardReceiver` taking
 its own KV heads into the same block ids (followers mirror rank 0's block
@@ -26,12 +34,16 @@ blocks are freed only after each follower acknowledged dropping it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Literal
 
+from decode_worker.recompute import requeue_locally
 from engine.llm_engine import EngineArgs, EngineStepError, LLMEngine
 from engine.outputs import RequestOutput
+from engine.request import RequestStatus
 from engine.remote_kv import (
     NoFreeBlocks,
     admit_remote_kv,
@@ -43,6 +55,7 @@ from engine.remote_kv import (
 from kvtransfer.codec import decode
 from kvtransfer.connector import TransferTimeouts
 from kvtransfer.engine_bridge import kv_spec_for, sampling_params, token_logprobs
+from kvtransfer.lease import LeaseTable
 from kvtransfer.protocol import (
     DecodeReservation,
     DropShard,
@@ -74,6 +87,8 @@ class DecodeWorkerConfig:
     # rank 0 waits this long for every follower to acknowledge a reservation or a drop.
     control_address: str = "tcp://127.0.0.1:0"
     rank_ack_timeout_s: float = 10.0
+    kv_transfer_failure: Literal["recompute", "fail"] = "recompute"
+    router_lease_s: float = 60.0  # no control call for this long: the router is gone, end what we hold
 
 
 class DecodeWorker:
@@ -91,6 +106,9 @@ class DecodeWorker:
         self._stream_of: dict[str, str] = {}  # request id -> token stream address
         self._kv_landed: dict[str, float] = {}  # request id -> when its KV landed (monotonic)
         self._first_token: dict[str, int] = {}
+        self._recomputing: dict[str, int] = {}  # request id -> tokens already streamed before its local prefill
+        self._router_lease = LeaseTable(config.router_lease_s)
+        self._router_lease.grant("router")
 
     # ---- control ----------------------------------------------------------
     def attach_followers(self, endpoints: list[bytes]) -> None:
@@ -103,6 +121,7 @@ class DecodeWorker:
     def reserve(self, request: GenerateRequest) -> DecodeReservation | ReserveRefused:
         """Take the request: prefill it here, or reserve blocks for KV from a prefill worker."""
         request_id, prompt = request.request_id, list(request.prompt_token_ids)
+        self._router_lease.grant("router")
         if self.tp_size > 1 and self.ranks is None:
             return ReserveRefused(request_id, "decode worker is starting: its follower ranks are not attached", True)
         try:
@@ -131,9 +150,11 @@ class DecodeWorker:
         )  # fmt: skip
 
     def abort(self, request_id: str) -> None:
+        self._router_lease.grant("router")
         self._end_with_error(request_id, "aborted by the client")
 
     def load(self) -> WorkerLoad:
+        self._router_lease.grant("router")
         kv, sched, received = self.engine.kv_cache, self.engine.scheduler, self.receiver.stats
         return WorkerLoad(
             self.config.name, len(sched.waiting) + len(waiting_for_kv(self.engine)), len(sched.running),
@@ -150,17 +171,21 @@ class DecodeWorker:
     # ---- the loop ---------------------------------------------------------
     def step(self) -> bool:
         """Land KV, read first tokens, admit what is complete, run one decode step, stream its tokens."""
-        for event in self.receiver.poll(0):
-            if event.kind == "done":
-                self._kv_landed[event.request_id] = time.monotonic()
-            else:
-                self._end_with_error(event.request_id, f"KV transfer failed: {event.reason}")
-        for msg in self.inbox.poll(0):
+        for msg in self.inbox.poll(0):  # before the receiver's events: a failed transfer's first token is known
+            if msg.request_id in self._recomputing:
+                continue  # prefilled here instead: the prefill worker's news no longer matter
             if isinstance(msg, FirstToken):
                 if msg.request_id in self.engine.requests:
                     self._first_token[msg.request_id] = msg.token_id
             else:
-                self._end_with_error(msg.request_id, f"prefill failed: {msg.reason}")
+                self._transfer_failed(msg.request_id, f"prefill failed: {msg.reason}")
+        for event in self.receiver.poll(0):
+            if event.kind == "done":
+                self._kv_landed[event.request_id] = time.monotonic()
+            else:
+                self._transfer_failed(event.request_id, f"KV transfer failed: {event.reason}")
+        if self._router_lease.pop_expired():
+            self._end_all(f"no call from the router for {self.config.router_lease_s}s")
         self._poll_shards()
         room = self.engine.config.scheduler.max_num_seqs - len(self.engine.scheduler.running)
         ready = [r for r in self._first_token if r in self._kv_landed and not self._shards_missing.get(r)]
@@ -180,8 +205,7 @@ class DecodeWorker:
         return True
 
     def close(self) -> None:
-        for request_id in list(self.engine.requests):
-            self._end_with_error(request_id, "decode worker shut down")
+        self._end_all("decode worker shut down")
         self.engine.shutdown()  # tensor parallel: the followers' forward loops end
         if self.ranks is not None:
             self.ranks.close()
@@ -208,7 +232,7 @@ class DecodeWorker:
             if report.kind == "done":
                 missing.discard(report.rank)
             else:
-                self._end_with_error(report.request_id, f"KV transfer to rank {report.rank} failed: {report.reason}")
+                self._transfer_failed(report.request_id, f"KV transfer to rank {report.rank} failed: {report.reason}")
 
     # ---- admission and streaming ------------------------------------------
     def _admit(self, request_id: str) -> None:
@@ -244,6 +268,21 @@ class DecodeWorker:
 
     def _end_with_error(self, request_id: str, reason: str) -> None:
         """End the request wherever it is (waiting for KV, running, already gone) and free its blocks."""
+        req = self._drop(request_id, reason)
+        if req is None:
+            self._stream_of.pop(request_id, None)
+            self._recomputing.pop(request_id, None)
+            return
+        n_out = len(req.output_token_ids)
+        self._send(TokenDelta(request_id, n_out, (), True, "abort", req.num_prompt_tokens, n_out,
+                              req.num_cached_tokens, reason))  # fmt: skip
+
+    def _end_all(self, reason: str) -> None:
+        for request_id in list(self.engine.requests):
+            self._end_with_error(request_id, reason)
+
+    def _drop(self, request_id: str, reason: str):
+        """Stop every write into the request's blocks and free them; return the engine's request (None if gone)."""
         req = self.engine.requests.get(request_id)
         if request_id in self.receiver.pending():
             self.receiver.abort(request_id, reason)  # no write into its blocks after this
@@ -251,17 +290,41 @@ class DecodeWorker:
             self.ranks.drop(request_id, reason)  # no follower writes into its blocks after this
         self._kv_landed.pop(request_id, None)
         self._first_token.pop(request_id, None)
-        if req is None:
-            self._stream_of.pop(request_id, None)
+        if req is not None:
+            fail_remote_kv(self.engine, request_id)
+        return req
+
+    def _transfer_failed(self, request_id: str, reason: str) -> None:
+        """The request's KV will not come: prefill it here ("recompute") or end it with an error ("fail")."""
+        req = self.engine.requests.get(request_id)
+        waiting = req is not None and req.status == RequestStatus.WAITING_FOR_KV  # running: its KV is all here
+        if self.config.kv_transfer_failure == "fail" or not waiting or request_id in self._recomputing:
+            self._end_with_error(request_id, reason)
             return
-        fail_remote_kv(self.engine, request_id)
-        n_out = len(req.output_token_ids)
-        self._send(TokenDelta(request_id, n_out, (), True, "abort", req.num_prompt_tokens, n_out,
-                              req.num_cached_tokens, reason))  # fmt: skip
+        first = self._first_token.get(request_id)
+        self._drop(request_id, reason)
+        logger.warning("%s: recomputing the prompt here (%s)", request_id, reason)
+        try:
+            spliced, finish_reason = requeue_locally(self.engine, req, first)
+        except ValueError as err:
+            finish_reason, reason = "abort", f"{reason}; recomputing failed: {err}"
+            spliced = 0 if first is None else 1
+        if finish_reason is None:
+            self._recomputing[request_id] = spliced
+            return
+        self._send(TokenDelta(request_id, spliced, (), True, finish_reason, req.num_prompt_tokens, spliced,
+                              error=reason if finish_reason == "abort" else ""))  # fmt: skip
 
     def _send(self, delta: TokenDelta) -> None:
+        spliced = self._recomputing.get(delta.request_id, 0)
+        if spliced:  # recomputed after its first token: numbered as the whole request
+            delta = dataclasses.replace(
+                delta, first_index=delta.first_index + spliced, num_prompt_tokens=delta.num_prompt_tokens - spliced,
+                num_output_tokens=delta.num_output_tokens + spliced,
+            )  # fmt: skip
         address = self._stream_of.get(delta.request_id)
         if address is not None:
             self.pushers.send(address, delta)
         if delta.finished:
             self._stream_of.pop(delta.request_id, None)
+            self._recomputing.pop(delta.request_id, None)

@@ -12,6 +12,7 @@ import zmq
 from kvtransfer.codec import DecodeError
 from kvtransfer.connector import KVSenderBase, PeerTarget, TransferEvent, TransferTimeouts
 from kvtransfer.dist_transport import SENDER_RANK, DistPair, join_store
+from kvtransfer.faults import HeldChunks, TransportFaults
 from kvtransfer.frames import Run, as_bytes, block_runs, frame_nbytes, gather_runs, run_tensor
 from kvtransfer.lease import Clock, LeaseTable
 from kvtransfer.protocol import (
@@ -75,6 +76,7 @@ class KVSender(KVSenderBase):
         clock: Clock = time.monotonic,
         gather_below_bytes: int = GATHER_BELOW_BYTES,
         message_bytes: int = MESSAGE_BYTES,
+        faults: TransportFaults = TransportFaults(),
     ):
         self.spec, self.name, self.tp_size, self.tp_rank = spec, name, tp_size, tp_rank
         self.gather_below_bytes, self.message_bytes = gather_below_bytes, message_bytes
@@ -85,6 +87,7 @@ class KVSender(KVSenderBase):
         self._leases = LeaseTable(timeouts.lease_s, clock)
         self._events: list[TransferEvent] = []
         self._next_heartbeat = 0.0
+        self._faulty = HeldChunks(faults) if faults.active else None  # tests only
 
     def send(self, request_id: str, block_ids, peer: PeerTarget) -> None:
         if peer.address in self._transfers.get(request_id, {}):
@@ -186,12 +189,18 @@ class KVSender(KVSenderBase):
                 part = dst_runs[first : first + per_message]
                 chunk = KVChunk(request_id, layer, part, target.dst_head_start, num_heads, gathered)
                 frames = tensors[2 * first : 2 * (first + len(part))]  # gathered: the 2 frames, K and V
-                send_message(link.sock, chunk, [as_bytes(t) for t in frames])
+                self._put_on_wire(link, chunk, [as_bytes(t) for t in frames])
         else:
             tag, link.next_tag = link.next_tag, link.next_tag + 1
             chunk = KVChunk(request_id, layer, dst_runs, target.dst_head_start, num_heads, gathered, tag)
             send_message(link.sock, chunk)
             link.in_flight.append(link.pair.send(tensors, tag))
+
+    def _put_on_wire(self, link: _Link, chunk: KVChunk, frames: list) -> None:
+        if self._faulty is None:
+            send_message(link.sock, chunk, frames)
+        else:
+            self._faulty.offer(lambda: self._tell(link.address, chunk, frames))
 
     def _runs_per_message(self, tensors) -> int:
         """Runs (K + V frames each) per ZMQ message so that a message holds about `message_bytes`."""
@@ -217,6 +226,8 @@ class KVSender(KVSenderBase):
 
     def _tick(self) -> None:
         now = self.clock()
+        if self._faulty is not None:
+            self._faulty.release_due()
         for link in self._links.values():
             link.in_flight = [sent for sent in link.in_flight if not sent.done()]
         if now >= self._next_heartbeat:
@@ -245,10 +256,10 @@ class KVSender(KVSenderBase):
             del self._transfers[request_id]
         self._leases.release((request_id, address))
 
-    def _tell(self, address: str, msg) -> None:
+    def _tell(self, address: str, msg, frames=()) -> None:
         link = self._links.get(address)
         if link is not None:
             try:
-                send_message(link.sock, msg)
+                send_message(link.sock, msg, frames)
             except zmq.Again:
                 pass  # queue full towards a silent peer; its lease will expire

@@ -40,6 +40,8 @@ from engine.scheduler import SchedulerOutput
 from kvtransfer.codec import decode, encode
 from kvtransfer.connector import TransferTimeouts
 from kvtransfer.engine_bridge import kv_spec_for, sampling_params, token_logprobs
+from kvtransfer.faults import TransportFaults
+from kvtransfer.lease import LeaseTable
 from kvtransfer.protocol import (
     FirstToken,
     IncompatiblePeerError,
@@ -64,6 +66,8 @@ class PrefillWorkerConfig:
     name: str = "prefill-0"
     timeouts: TransferTimeouts = TransferTimeouts()
     control_address: str = "tcp://127.0.0.1:0"  # tensor parallel: rank 0's and the followers' (keep port 0)
+    router_lease_s: float = 60.0  # no control call for this long: the router is gone, drop what we hold
+    transport_faults: TransportFaults = TransportFaults()  # fault-injection tests only
 
 
 class PrefillWorker:
@@ -72,7 +76,10 @@ class PrefillWorker:
         self.engine = LLMEngine.from_args(engine_args, skip_tokenizer_init=True, show_progress=False)
         self.tp_size, self.num_kv_heads = self.engine.config.parallel.tp_size, self.engine.config.model.num_kv_heads
         spec = kv_spec_for(self.engine.config)
-        self.sender = KVSender(spec, config.name, self.tp_size, 0, timeouts=config.timeouts)
+        self.sender = KVSender(spec, config.name, self.tp_size, 0, timeouts=config.timeouts,
+                               faults=config.transport_faults)  # fmt: skip
+        self._router_lease = LeaseTable(config.router_lease_s)
+        self._router_lease.grant("router")
         self.pushers = Pushers()
         self.ranks: RankLinks | None = None  # tensor parallel: the follower ranks' shard senders
         self._tasks: dict[str, PrefillTask] = {}
@@ -91,6 +98,7 @@ class PrefillWorker:
 
     def prefill(self, task: PrefillTask) -> None:
         """Queue the prompt; raises ValueError (nothing kept) if this engine cannot take it."""
+        self._router_lease.grant("router")
         request = task.request
         params = sampling_params(request.sampling)
         req = add_prefill_request(self.engine, request.request_id, list(request.prompt_token_ids), params)
@@ -98,13 +106,18 @@ class PrefillWorker:
         self._held[request.request_id] = req
 
     def abort(self, request_id: str) -> None:
+        self._router_lease.grant("router")
+        self._drop(request_id, "aborted by the client")
+
+    def _drop(self, request_id: str, reason: str) -> None:
         if request_id in self._transferring:
-            self._abort_transfers(request_id, "aborted by the client")
+            self._abort_transfers(request_id, reason)
         elif request_id in self._held:
             self.engine.abort_request(request_id)
         self._release(request_id)
 
     def load(self) -> WorkerLoad:
+        self._router_lease.grant("router")
         kv, sched = self.engine.kv_cache, self.engine.scheduler
         return WorkerLoad(
             self.config.name, len(sched.waiting), len(sched.running), len(self._transferring),
@@ -124,6 +137,9 @@ class PrefillWorker:
             self._transfer_ended(event.request_id, 0, event.peer, event.kind, event.reason)
         for report in self.ranks.poll() if self.ranks is not None else ():
             self._transfer_ended(report.request_id, report.rank, report.peer, report.kind, report.reason)
+        if self._router_lease.pop_expired():
+            for request_id in list(self._held):  # the router is gone: nobody waits for these
+                self._drop(request_id, f"no call from the router for {self.config.router_lease_s}s")
         if not self.engine.has_unfinished_requests():
             return False
         try:

@@ -38,6 +38,7 @@ from router.registry import WorkerRegistry
 from router.served_model import ServedModel
 from router.serving import Admission, RequestRunner
 from router.token_stream import TokenStreamConsumer
+from router.watchdog import watch
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 429, 500, 503)}
 
@@ -63,7 +64,7 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
 
     registry = registry or WorkerRegistry(make_policy(config.routing_policy, **dict(config.routing_options)))
     stream = TokenStreamConsumer(config.stream_address)
-    dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff)
+    dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff, config.max_resumes)
     metrics = RouterMetrics(registry)
     admission = Admission(config.max_in_flight, config.retry_after_s)
     metrics.in_flight.set_function(lambda: admission.in_use)
@@ -73,12 +74,15 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         await stream.start()
-        refresh = asyncio.create_task(registry.keep_loads_fresh(config.load_refresh_s, config.worker_call_timeout_s))
+        tasks = [asyncio.create_task(registry.keep_loads_fresh(config.load_refresh_s, config.worker_call_timeout_s))]
+        if config.no_token_timeout_s > 0:
+            tasks.append(asyncio.create_task(watch(dispatcher, config.no_token_timeout_s)))
         try:
             yield
         finally:
-            refresh.cancel()
-            await asyncio.gather(refresh, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await dispatcher.drain_aborts()
             await stream.close()
 

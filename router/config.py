@@ -24,6 +24,8 @@ class RouterConfig:
     stream_address: str = "tcp://127.0.0.1:0"  # the token stream's PULL (workers PUSH to it)
     chat_template: str | None = None  # a Jinja template; None -> the tokenizer's own
     handoff: HandoffTimeouts = field(default_factory=HandoffTimeouts)
+    no_token_timeout_s: float = 60.0  # watchdog: a request with no token for this long ends with an error (0: off)
+    max_resumes: int = 3  # a request whose worker died is resumed elsewhere at most this many times
 
     @property
     def model_name(self) -> str:

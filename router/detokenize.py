@@ -31,6 +31,11 @@ class TextStream:
         self.sent = 0  # characters of `text` handed out
         self.stopped = False
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens taken in: up to and including the one that completed a stop string."""
+        return len(self._token_ids)
+
     def add(self, token_ids: list[int]) -> str:
         """Append tokens; return the text that may be streamed now."""
         for token in token_ids:

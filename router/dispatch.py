@@ -8,6 +8,9 @@
       first token arrives -> prefill's part is over: its in_flight -= 1
       final delta         -> decode's part is over: its in_flight -= 1
     Generation.close()    always called (finally); unfinished -> abort on both workers (frees their blocks)
+    a worker dies         every request it held (decode: any time; prefill: before the first token) is
+                          resumed on live workers (`router.migration`), up to `max_resumes` times; with no
+                          live worker left its stream fails (a clear error, never a hang)
 
 Ownership: the dispatcher owns the `in_flight` counts it adds and gives each back
 exactly once; a worker's blocks are the worker's, freed by the abort it is sent.
@@ -23,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Sequence
 
 from kvtransfer.handoff import HandoffTimeouts, abort_request_async, start_request_async
-from kvtransfer.protocol import GenerateRequest, SamplingSpec
-from router.registry import WorkerRegistry
-from router.token_stream import OutputChunk, RequestOutputs, TokenStreamConsumer
+from kvtransfer.protocol import GenerateRequest, SamplingSpec, TokenDelta
+from router.migration import resumed_request
+from router.registry import WorkerFailed, WorkerRegistry
+from router.token_stream import OutputChunk, RequestOutputs, StreamFailed, TokenStreamConsumer
 from router.worker_state import WorkerState
 
 logger = logging.getLogger("tandem.router")
@@ -35,13 +39,19 @@ logger = logging.getLogger("tandem.router")
 class Generation:
     """One dispatched sequence; iterate `chunks()`, then `close()` it whatever happened."""
 
-    request_id: str
+    request: GenerateRequest  # as the client asked it (a resumed attempt runs `resumed_request` of it)
     decode: WorkerState
     prefill: WorkerState | None  # None once its part is over (or when decode prefilled locally)
     outputs: RequestOutputs
     dispatcher: "Dispatcher" = field(repr=False)
     finished: bool = False
     closed: bool = False
+    request_id: str = ""  # the current attempt's id (the workers know the request by it)
+    attempt: int = 0  # 0: the first; n: resumed n times
+    resuming: asyncio.Task | None = None
+
+    def __post_init__(self):
+        self.request_id = self.request_id or self.request.request_id
 
     async def chunks(self) -> AsyncIterator[OutputChunk]:
         async for chunk in self.outputs.chunks():
@@ -59,9 +69,9 @@ class Generation:
 
 class Dispatcher:
     def __init__(self, registry: WorkerRegistry, stream: TokenStreamConsumer, colocated: bool = False,
-                 timeouts: HandoffTimeouts = HandoffTimeouts()):  # fmt: skip
+                 timeouts: HandoffTimeouts = HandoffTimeouts(), max_resumes: int = 3):  # fmt: skip
         self.registry, self.stream = registry, stream
-        self.colocated, self.timeouts = colocated, timeouts
+        self.colocated, self.timeouts, self.max_resumes = colocated, timeouts, max_resumes
         self.active: dict[str, Generation] = {}
         self._ids = itertools.count()
         self._id_prefix = f"r{os.getpid():x}"
@@ -69,26 +79,43 @@ class Dispatcher:
         registry.on_dead(self._fail_requests_of)
 
     async def start(self, prompt_ids: Sequence[int], sampling: SamplingSpec) -> Generation:
-        """Route and hand off; raises `NoLiveWorker`, `HandoffError`, `WorkerFailed` or ValueError (nothing held)."""
+        """Route and hand off; raises `NoLiveWorker`, `HandoffError`, `StreamFailed` or ValueError (nothing held).
+
+        A worker that fails under the handoff is marked dead and the request goes to live ones; `StreamFailed`
+        when none is left."""
         decode = self.registry.pick_decode(prompt_ids)
         prefill = None if self.colocated else self.registry.pick_prefill(prompt_ids)
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         request = GenerateRequest(request_id, tuple(prompt_ids), sampling, self.stream.address)
-        gen = Generation(request_id, decode, prefill, self.stream.open(request_id), self)
-        decode.in_flight += 1
-        if prefill is not None:
-            prefill.in_flight += 1
+        gen = Generation(request, decode, prefill, self.stream.open(request_id), self)
         self.active[request_id] = gen
+        gen.resuming = asyncio.current_task()  # a worker dying under this handoff is dealt with here
+        try:
+            try:
+                await self._hand_off(gen, request)
+                dead = _dead_worker(gen)  # marked dead by the load refresh while the handoff ran
+            except WorkerFailed:
+                dead = decode if not decode.alive else prefill
+            if dead is not None:
+                await self._resume(gen, dead, raise_failure=True)
+        finally:
+            gen.resuming = None
+        return gen
+
+    async def _hand_off(self, gen: Generation, request: GenerateRequest) -> None:
+        """Start `request` (an attempt of `gen`) on `gen.decode` / `gen.prefill`; on failure nothing is held."""
+        gen.decode.in_flight += 1
+        if gen.prefill is not None:
+            gen.prefill.in_flight += 1
         try:
             reservation = await start_request_async(
-                request, decode.endpoint, prefill.endpoint if prefill else None, self.timeouts
+                request, gen.decode.endpoint, gen.prefill.endpoint if gen.prefill else None, self.timeouts
             )
         except BaseException:
             gen.close()  # a cancelled handoff may have left a reservation behind: abort it
             raise
         if reservation.prefill_locally:
             self._end_prefill_part(gen)
-        return gen
 
     def _end_prefill_part(self, gen: Generation) -> None:
         if gen.prefill is not None:
@@ -104,6 +131,8 @@ class Dispatcher:
             self.stream.close_request(gen.request_id)
 
     def _close(self, gen: Generation) -> None:
+        if gen.resuming is not None and gen.resuming is not asyncio.current_task():
+            gen.resuming.cancel()  # its handoff cleans up after itself
         if gen.closed:
             return
         prefill = gen.prefill
@@ -115,8 +144,10 @@ class Dispatcher:
         """Fire and forget: the caller may be a cancelled task, which cannot await any more."""
         decode_ep = decode.endpoint if decode.alive else None
         prefill_ep = prefill.endpoint if prefill is not None and prefill.alive else None
-        if decode_ep is None:
+        if decode_ep is None and prefill_ep is None:
             return
+        if decode_ep is None:  # decode died: the prefill worker may still hold the prompt's blocks
+            decode_ep, prefill_ep = prefill_ep, None
         task = asyncio.get_running_loop().create_task(abort_request_async(request_id, decode_ep, prefill_ep))
         self._background.add(task)
         task.add_done_callback(self._abort_done)
@@ -127,12 +158,72 @@ class Dispatcher:
             logger.warning("abort failed: %s", task.exception())
 
     def _fail_requests_of(self, worker: WorkerState) -> None:
-        """A worker died: every request it held ends with an error (decode: always; prefill: before its first token)."""
+        """A worker died: resume every request it held (decode: always; prefill: before its first token)."""
         for gen in list(self.active.values()):
-            if gen.decode is worker or gen.prefill is worker:
-                self.stream.fail(gen.request_id, f"worker {worker.name} failed")
+            if (gen.decode is worker or gen.prefill is worker) and gen.resuming is None:
+                gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, worker))
+
+    async def _resume(self, gen: Generation, dead: WorkerState, raise_failure: bool = False) -> None:
+        """Move `gen` to live workers after `dead` failed; when that cannot be done, end its stream with
+        the error (or raise it: `raise_failure`, the request is still starting)."""
+        try:
+            while True:
+                reason = f"worker {dead.name} failed"
+                if gen.attempt >= self.max_resumes:
+                    raise StreamFailed(f"{reason}; the request was resumed {gen.attempt} times already")
+                self._leave_workers(gen)
+                gen.attempt += 1
+                request = resumed_request(gen.request, gen.outputs.delivered, gen.attempt)
+                gen.outputs.restart()
+                if request is None:  # every allowed token was handed out: only the final delta was lost
+                    gen.outputs.put(self._length_final(gen))
+                    return
+                try:
+                    gen.decode = self.registry.pick_decode(request.prompt_token_ids)
+                    gen.prefill = None if self.colocated else self.registry.pick_prefill(request.prompt_token_ids)
+                except Exception as err:
+                    raise StreamFailed(f"{reason} and the request cannot be resumed: {err}") from err
+                gen.request_id, gen.closed = request.request_id, False
+                self.active[request.request_id] = gen
+                self.stream.open(request.request_id, gen.outputs)
+                logger.warning("resuming %s on %s after %s", request.request_id, gen.decode.name, reason)
+                try:
+                    await self._hand_off(gen, request)
+                except Exception as err:  # the new worker failed too (it is marked dead): try the next one
+                    logger.warning("resuming %s failed: %s", request.request_id, err)
+                    dead = _dead_worker(gen) or dead
+                    continue
+                if (dead := _dead_worker(gen)) is None:
+                    return
+        except StreamFailed as failed:
+            if raise_failure:
+                self._leave_workers(gen)
+                raise
+            gen.outputs.put(failed)
+        finally:
+            gen.resuming = None
+
+    def _leave_workers(self, gen: Generation) -> None:
+        """The current attempt is given up: live workers free what they hold of it; counts given back."""
+        if not gen.closed:
+            self._abort(gen.request_id, gen.decode, gen.prefill)
+            self._end_prefill_part(gen)
+            gen.decode.in_flight -= 1
+            gen.closed = True
+        self.active.pop(gen.request_id, None)
+        self.stream.close_request(gen.request_id)
+
+    @staticmethod
+    def _length_final(gen: Generation) -> TokenDelta:
+        n, prompt = len(gen.outputs.delivered), len(gen.request.prompt_token_ids)
+        return TokenDelta(gen.request_id, 0, (), True, "length", prompt + n, 0)
 
     async def drain_aborts(self) -> None:
         """Wait for the aborts already sent (shutdown, tests)."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+def _dead_worker(gen: Generation) -> WorkerState | None:
+    """A worker of `gen`'s current attempt that is marked dead, if any."""
+    return next((w for w in (gen.decode, gen.prefill) if w is not None and not w.alive), None)

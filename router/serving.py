@@ -101,6 +101,8 @@ class RunningRequest:
                 if choice.first_token_at is None and chunk.token_ids:
                     choice.first_token_at = time.monotonic()
                 text = choice.text.add(chunk.token_ids)
+                if chunk.final is None and choice.text.stopped and choice.generation.attempt > 0:
+                    chunk.final = _stopped_at_splice(choice)  # the engine saw only the resumed part
                 if chunk.final is not None:
                     if chunk.final.finish_reason == "abort":
                         raise APIError(500, f"generation failed on a worker: {chunk.final.error or 'aborted'}",
@@ -109,6 +111,8 @@ class RunningRequest:
                     choice.final = chunk.final
                     self.runner.metrics.sequence_finished(self.arrived, choice.first_token_at, chunk.final)
                 yield ChoiceUpdate(choice.index, text, chunk.token_ids, chunk.logprobs, chunk.final)
+                if chunk.final is not None:
+                    return
         except APIError:
             raise
         except Exception as err:
@@ -129,6 +133,14 @@ class RunningRequest:
                 self.runner.metrics.sequence_aborted()
             choice.generation.close()
         self.runner.admission.release(len(self.choices))
+
+
+def _stopped_at_splice(choice: _Choice) -> TokenDelta:
+    """A resumed sequence whose stop string straddles the splice: end it here, as the engine would have."""
+    gen = choice.generation
+    n_out = choice.text.num_tokens
+    gen.close()  # aborts the attempt on its workers
+    return TokenDelta(gen.request_id, n_out, (), True, "stop", len(gen.request.prompt_token_ids), n_out)
 
 
 class RequestRunner:

@@ -7,12 +7,19 @@ first token, decode the rest) and may cross: `RequestOutputs.chunks()` puts
 them back in order, like `kvtransfer.token_stream.TokenStream` does for a
 synchronous reader, and ends once the final delta and every token before it
 have arrived. Deltas for a request nobody waits for (it was aborted) are dropped.
+
+A request resumed elsewhere (its worker died, `router.migration`) keeps its
+`RequestOutputs` under a new request id: `restart()` forgets what the failed
+attempt sent beyond the tokens already handed out, and the new attempt's
+output indices (which count from 0 again) are shifted past those tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -38,37 +45,66 @@ class OutputChunk:
 
 
 class RequestOutputs:
-    """One request's deltas, reassembled in output order."""
+    """One request's deltas, reassembled in output order, across the attempts of a resumed request."""
 
     def __init__(self):
-        self._queue: asyncio.Queue[TokenDelta | StreamFailed] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[int, TokenDelta | StreamFailed]] = asyncio.Queue()
         self._tokens: dict[int, tuple[int, TokenLogprob | None]] = {}  # output index -> (token, logprob)
         self._next = 0  # output index of the next token to hand out
         self._final: TokenDelta | None = None
+        self._attempt = 0  # items queued by an earlier attempt are dropped
+        self._offset = 0  # tokens handed out before this attempt began: its index 0 is our `_offset`
+        self.delivered: list[int] = []  # every token id handed out, in order
+        self.last_activity = time.monotonic()  # when a delta last arrived (the watchdog reads it)
 
     def put(self, item: TokenDelta | StreamFailed) -> None:
-        self._queue.put_nowait(item)
+        self.last_activity = time.monotonic()
+        self._queue.put_nowait((self._attempt, item))
+
+    def restart(self) -> int:
+        """A new attempt continues after the tokens handed out so far (their count is returned)."""
+        self._attempt += 1
+        self._tokens.clear()
+        self._final = None
+        self._offset = self._next
+        self.last_activity = time.monotonic()
+        return self._next
 
     async def chunks(self) -> AsyncIterator[OutputChunk]:
         """Yield what is ready, in order, each time deltas arrive; raises `StreamFailed`."""
         while True:
-            self._add(await self._queue.get())
+            self._add(*await self._queue.get())
             while not self._queue.empty():
-                self._add(self._queue.get_nowait())
+                self._add(*self._queue.get_nowait())
             chunk = self._take_ready()
             if chunk.token_ids or chunk.final is not None:
                 yield chunk
             if chunk.final is not None:
                 return
 
-    def _add(self, item: TokenDelta | StreamFailed) -> None:
+    def _add(self, attempt: int, item: TokenDelta | StreamFailed) -> None:
+        if attempt != self._attempt:
+            return  # from an attempt given up on: its tokens are computed again
         if isinstance(item, StreamFailed):
             raise item
         logprobs = item.logprobs or (None,) * len(item.token_ids)
         for i, (token, logprob) in enumerate(zip(item.token_ids, logprobs)):
-            self._tokens[item.first_index + i] = (token, logprob)
+            index = self._offset + item.first_index + i
+            if index >= self._next:
+                self._tokens.setdefault(index, (token, logprob))  # the first to arrive is the one shown
         if item.finished:
-            self._final = item
+            self._final = self._as_whole_request(item)
+
+    def _as_whole_request(self, final: TokenDelta) -> TokenDelta:
+        """A resumed attempt's counts, as if the request had run in one piece."""
+        if not self._offset:
+            return final
+        return dataclasses.replace(
+            final, first_index=final.first_index + self._offset,
+            num_prompt_tokens=final.num_prompt_tokens - self._offset,
+            num_output_tokens=final.num_output_tokens + self._offset,
+            num_cached_tokens=min(final.num_cached_tokens, final.num_prompt_tokens - self._offset),
+        )  # fmt: skip
 
     def _take_ready(self) -> OutputChunk:
         chunk = OutputChunk([])
@@ -78,6 +114,7 @@ class RequestOutputs:
             if logprob is not None:
                 chunk.logprobs.append(logprob)
             self._next += 1
+        self.delivered += chunk.token_ids
         if self._final is not None and self._next >= self._final.num_output_tokens:
             chunk.final = self._final
         return chunk
@@ -105,8 +142,9 @@ class TokenStreamConsumer:
         self._loop.add_reader(self._sock.FD, self._read)
         self._loop.call_soon(self._read)  # ZMQ's FD signals changes: read what came before
 
-    def open(self, request_id: str) -> RequestOutputs:
-        outputs = self._requests[request_id] = RequestOutputs()
+    def open(self, request_id: str, outputs: RequestOutputs | None = None) -> RequestOutputs:
+        """Route `request_id`'s deltas to `outputs` (a new one unless a resumed request brings its own)."""
+        outputs = self._requests[request_id] = outputs or RequestOutputs()
         return outputs
 
     def close_request(self, request_id: str) -> None:

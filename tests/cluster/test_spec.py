@@ -104,3 +104,11 @@ def test_joining_a_ray_cluster_binds_the_data_plane_on_node_addresses_unless_the
     path = tmp_path / "spec.yaml"
     path.write_text("data_plane: loopback\n")
     assert spec_from_args(parse_args(["serve", "--config", str(path), "--address", "auto"])).data_plane == "loopback"
+
+
+def test_the_kv_transfer_failure_flag_sets_the_policy():
+    assert spec_from_args(parse_args(["serve"])).kv_transfer_failure == "recompute"
+    spec = spec_from_args(parse_args(["serve", "--kv-transfer-failure", "fail"]))
+    assert spec.kv_transfer_failure == "fail"
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "--kv-transfer-failure", "retry"])

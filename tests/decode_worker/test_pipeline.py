@@ -109,12 +109,18 @@ def test_full_decode_waits_then_fails_clearly_never_hangs(tiny_model_dirs):
     assert results["late"].token_ids == hf_greedy(model_dir, PROMPTS["mid"], 8)
 
 
-def test_transfer_that_cannot_start_fails_the_request_on_decode(tiny_model_dirs):
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_transfer_that_cannot_start_follows_the_kv_transfer_failure_policy(tiny_model_dirs, policy):
     model_dir = tiny_model_dirs["llama"]
     # Decode caches 8-token blocks, prefill 16: the receiver refuses the sender's handshake.
     decode_args = _args(model_dir, block_size=8, num_kv_blocks=96)
-    with _workers(model_dir, decode_args=decode_args) as (decode, prefill, stream):
+    config = DecodeWorkerConfig(kv_transfer_failure=policy)
+    with _workers(model_dir, config, decode_args=decode_args) as (decode, prefill, stream):
         start_request(request("mismatch", PROMPTS["mid"], stream), decode, prefill)
-        wait_for(lambda: stream.finished("mismatch"), "the failure to reach the stream", stream=stream)
-    final = stream.requests["mismatch"].final
-    assert final.finish_reason == "abort" and "block_size" in final.error
+        wait_for(lambda: stream.finished("mismatch"), "the request to end", stream=stream)
+    result = stream.requests["mismatch"]
+    if policy == "fail":
+        assert result.final.finish_reason == "abort" and "block_size" in result.final.error
+    else:  # decode prefilled the prompt itself
+        assert result.token_ids == hf_greedy(model_dir, PROMPTS["mid"], 8)
+        assert (result.final.finish_reason, result.final.num_output_tokens) == ("length", 8)

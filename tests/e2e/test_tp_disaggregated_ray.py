@@ -49,13 +49,15 @@ def _start(args: EngineArgs, config, start_one, start_tp):
 
 
 @contextlib.contextmanager
-def _cluster(ray, model_dir: str, prefill_tp: int, decode_tp: int, timeouts: TransferTimeouts = TransferTimeouts()):
+def _cluster(ray, model_dir: str, prefill_tp: int, decode_tp: int, timeouts: TransferTimeouts = TransferTimeouts(),
+             kv_transfer_failure: str = "recompute"):  # fmt: skip
     def args(tp: int) -> EngineArgs:
         return EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256, tensor_parallel_size=tp)
 
     workers, stream = [], TokenStream()
     try:
-        workers.append(_start(args(decode_tp), DecodeWorkerConfig("decode-tp", timeouts=timeouts), start_decode_actor, start_decode_tp_actors))
+        decode_config = DecodeWorkerConfig("decode-tp", timeouts=timeouts, kv_transfer_failure=kv_transfer_failure)
+        workers.append(_start(args(decode_tp), decode_config, start_decode_actor, start_decode_tp_actors))
         workers.append(_start(args(prefill_tp), PrefillWorkerConfig("prefill-tp", timeouts=timeouts), start_prefill_actor,
                               start_prefill_tp_actors))  # fmt: skip
         decode, prefill = workers
@@ -113,7 +115,7 @@ class _RankOneUnreachable:
 def test_failed_shards_end_the_request_on_every_rank(ray_session, tiny_model_dirs):
     model_dir = tiny_model_dirs["llama"]
     fast = TransferTimeouts(handshake_s=1.0, transfer_s=3.0)
-    with _cluster(ray_session, model_dir, 1, 2, fast) as (decode, prefill, stream):
+    with _cluster(ray_session, model_dir, 1, 2, fast, kv_transfer_failure="fail") as (decode, prefill, stream):
         # Rank 1's piece cannot start: the prefill fails the request, decode drops it on both ranks.
         start_request(request("unreachable", PROMPTS["long"], stream), decode, _RankOneUnreachable(prefill))
         # Reserved, but no prefill worker ever sends: every rank's receiver times out.

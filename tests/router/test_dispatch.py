@@ -20,8 +20,8 @@ from prefill_worker.actor import PrefillActor
 from prefill_worker.worker import PrefillWorkerConfig
 from router.dispatch import Dispatcher
 from router.policy import make_policy
-from router.registry import NoLiveWorker, WorkerFailed, WorkerRegistry
-from router.token_stream import TokenStreamConsumer
+from router.registry import NoLiveWorker, WorkerRegistry
+from router.token_stream import StreamFailed, TokenStreamConsumer
 from tests.conftest import hf_greedy
 from tests.e2e.harness import PROMPTS, wait_for
 
@@ -117,7 +117,7 @@ def test_a_failing_worker_is_marked_dead_and_forgotten(actors, tiny_model_dirs):
         async with _dispatcher(*actors) as (dispatcher, registry):
             registry.unregister("prefill-0")
             registry.register("prefill-gone", "prefill", _local(stopped))
-            with pytest.raises(WorkerFailed):
+            with pytest.raises(StreamFailed, match="prefill-gone failed and the request cannot be resumed"):
                 await dispatcher.start(PROMPTS["mid"], GREEDY)
             assert not registry.workers["prefill-gone"].alive
             with pytest.raises(NoLiveWorker, match="prefill"):

@@ -1,0 +1,49 @@
+"""Request migration: the request a failed attempt leaves to the next one.
+
+When a worker dies while it holds a request (decode at any time; prefill
+before the first token), the router resumes the request on live workers: the
+new attempt's prompt is the original prompt followed by every token already
+handed to the client, it may produce only the tokens still allowed, and its
+output is spliced after those tokens (`router.token_stream.RequestOutputs.restart`),
+so the client sees no duplicate and no gap.
+
+What a resumed request reproduces:
+- Greedy decoding (temperature 0): the same tokens as an uninterrupted run
+  (the resumed prompt's KV is computed again, equal within float tolerance).
+- max_tokens, min_tokens and stop token ids: counted over the whole output
+  (the new attempt gets what is left of each).
+- Stop strings: the engine checks the new attempt's text; one that straddles
+  the splice is caught by the router's `TextStream`, which sees the whole text
+  (`router.serving` then ends the request as stopped).
+- usage: the prompt and completion counts of the whole request.
+What it does not:
+- Seeded sampling restarts its random generator at the seed with the new
+  attempt, so tokens after the splice are reproducible (the same failure
+  point gives the same output) but differ from an uninterrupted run's.
+  Unseeded sampling is random either way.
+- Presence, frequency and repetition penalties count the tokens before the
+  splice as prompt tokens: repetition penalty treats them alike, presence and
+  frequency penalties no longer see them.
+- logprobs of tokens before the splice are those already sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvtransfer.protocol import GenerateRequest
+
+
+def resumed_request(original: GenerateRequest, delivered: list[int], attempt: int) -> GenerateRequest | None:
+    """The request that continues `original` after `delivered` tokens; None if no token is left to make."""
+    s = original.sampling
+    left = None if s.max_tokens is None else s.max_tokens - len(delivered)
+    if left is not None and left <= 0:
+        return None
+    sampling = dataclasses.replace(s, max_tokens=left, min_tokens=max(0, s.min_tokens - len(delivered)))
+    return GenerateRequest(
+        f"{original.request_id}.{attempt}",
+        original.prompt_token_ids + tuple(delivered),
+        sampling,
+        original.stream_address,
+    )
