@@ -145,4 +145,5 @@ class ControlClient:
 
 def control_endpoint(address: str, timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> AsyncEncodedCalls:
     """A worker's async endpoint (`reserve` / `prefill` / `abort` / `load`) over its control socket at `address`."""
-    return AsyncEncodedCalls(ControlClient(address, timeout_s).call)
+    client = ControlClient(address, timeout_s)
+    return AsyncEncodedCalls(client.call, client.close)

@@ -206,8 +206,13 @@ class EncodedCalls:
 class AsyncEncodedCalls:
     """`EncodedCalls` for an event loop: `call(method, payload)` returns an awaitable (a Ray ObjectRef is one)."""
 
-    def __init__(self, call: Callable[[str, object], Awaitable]):
-        self._call = call
+    def __init__(self, call: Callable[[str, object], Awaitable], close: Callable[[], None] | None = None):
+        self._call, self._close = call, close
+
+    def close(self) -> None:
+        """Release what the transport holds (sockets); idempotent. Later calls fail."""
+        if self._close is not None:
+            self._close()
 
     async def reserve(self, request: GenerateRequest) -> DecodeReservation | ReserveRefused:
         return decode(await self._call("reserve", encode(request)), (DecodeReservation, ReserveRefused))

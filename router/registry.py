@@ -57,6 +57,12 @@ class GuardedEndpoint:
 
         return guarded
 
+    def close(self) -> None:
+        """The endpoint's sockets go (a worker leaving the registry); endpoints without any have no `close`."""
+        close = getattr(self._endpoint, "close", None)
+        if close is not None:
+            close()
+
 
 def _first_line(err: Exception) -> str:
     lines = str(err).strip().splitlines()
@@ -80,8 +86,11 @@ class WorkerRegistry:
         return state
 
     def unregister(self, name: str) -> None:
+        """Out of the pool for good: marked dead (its requests fail or resume elsewhere), its endpoint closed."""
         self.mark_dead(name, "unregistered")
-        self.workers.pop(name, None)
+        state = self.workers.pop(name, None)
+        if state is not None:
+            state.endpoint.close()
 
     def drain(self, name: str) -> None:
         """Send the worker no new requests; those it holds finish (then the cluster unregisters it)."""

@@ -212,3 +212,16 @@ def test_the_registry_marks_a_worker_dead_on_failure_and_timeout_but_not_on_reje
     finally:
         failing.close()
         hung.close()
+
+
+def test_unregistering_a_worker_closes_its_control_socket(looped):
+    async def main():
+        registry = WorkerRegistry(make_policy("round_robin"))
+        endpoint = control_endpoint(looped.address)
+        registry.register("w", "decode", endpoint)
+        await registry.workers["w"].endpoint.load()  # connected
+        registry.unregister("w")
+        with pytest.raises(WorkerGone, match="closed"):
+            await endpoint.load()
+
+    asyncio.run(main())
