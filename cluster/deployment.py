@@ -50,6 +50,8 @@ def router_config(spec: ClusterSpec):
         routing_options=(("block_size", spec.engine.block_size),) if r.routing_policy == "cache_aware" else (),
         colocated=spec.prefill.replicas == 0,
         max_in_flight=r.max_in_flight,
+        api_key=r.api_key or None,
+        max_request_body_bytes=r.max_request_body_bytes,
         stream_address=f"tcp://{_data_host(spec)}:0",
     )
 

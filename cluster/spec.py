@@ -78,6 +78,8 @@ class RouterSpec(_Strict):
     routing_policy: str = "cache_aware"
     served_model_name: str = ""
     max_in_flight: int = Field(256, ge=1)
+    api_key: str = Field("", repr=False)  # "": the API is open; else /v1/* and /admin/* need it as a Bearer token
+    max_request_body_bytes: int = Field(8 << 20, ge=1)
 
     @field_validator("routing_policy")
     @classmethod

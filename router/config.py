@@ -24,6 +24,8 @@ class RouterConfig:
     stream_address: str = "tcp://127.0.0.1:0"  # the token stream's PULL (workers PUSH to it)
     chat_template: str | None = None  # a Jinja template; None -> the tokenizer's own
     handoff: HandoffTimeouts = field(default_factory=HandoffTimeouts)
+    api_key: str | None = field(default=None, repr=False)  # set: /v1/* and /admin/* need `Authorization: Bearer <key>`
+    max_request_body_bytes: int = 8 << 20  # a larger HTTP body is refused (413)
 
     @property
     def model_name(self) -> str:

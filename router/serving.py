@@ -18,7 +18,7 @@ from typing import AsyncIterator
 from kvtransfer.protocol import SamplingSpec, TokenDelta, TokenLogprob
 from router.detokenize import TextStream
 from router.dispatch import Dispatcher, Generation
-from router.errors import APIError, from_dispatch
+from router.errors import APIError, from_dispatch, internal_error
 from router.metrics import RouterMetrics
 from router.served_model import ServedModel
 
@@ -103,8 +103,8 @@ class RunningRequest:
                 text = choice.text.add(chunk.token_ids)
                 if chunk.final is not None:
                     if chunk.final.finish_reason == "abort":
-                        raise APIError(500, f"generation failed on a worker: {chunk.final.error or 'aborted'}",
-                                       code="worker_error")  # fmt: skip
+                        raise internal_error("generation failed on a worker", chunk.final.error or "aborted",
+                                             code="worker_error")  # fmt: skip
                     text += choice.text.finish()
                     choice.final = chunk.final
                     self.runner.metrics.sequence_finished(self.arrived, choice.first_token_at, chunk.final)
