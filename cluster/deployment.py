@@ -18,7 +18,8 @@ import urllib.request
 
 from cluster.admin import install_admin_routes
 from cluster.controller import Controller, RouterLink
-from cluster.spec import ClusterSpec
+from cluster.spec import ClusterSpec, with_overrides
+from kvtransfer.socket_security import ClusterKey
 
 
 def connect_ray(address: str | None) -> str:
@@ -53,7 +54,13 @@ def router_config(spec: ClusterSpec):
         api_key=r.api_key or None,
         max_request_body_bytes=r.max_request_body_bytes,
         stream_address=f"tcp://{_data_host(spec)}:0",
+        cluster_key=ClusterKey.parse(spec.cluster_key) if spec.cluster_key else None,
     )
+
+
+def with_cluster_key(spec: ClusterSpec) -> ClusterSpec:
+    """`spec` with a cluster key: its own, or a new one (each deployment its own, unless the spec fixes it)."""
+    return spec if spec.cluster_key else with_overrides(spec, {"cluster_key": ClusterKey.generate().encoded()})
 
 
 def _data_host(spec: ClusterSpec) -> str:
@@ -69,7 +76,7 @@ class Deployment:
         from router.registry import WorkerRegistry
         from router.server import RouterServer
 
-        self.spec = spec
+        self.spec = spec = with_cluster_key(spec)
         self.config = router_config(spec)
         policy = make_policy(self.config.routing_policy, **dict(self.config.routing_options))
         registry = WorkerRegistry(policy, make_decode_policy(block_size=spec.engine.block_size))

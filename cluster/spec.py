@@ -108,6 +108,16 @@ class ClusterSpec(_Strict):
     prefill: PoolSpec = PoolSpec()
     decode: PoolSpec = PoolSpec()
     health: HealthSpec = HealthSpec()
+    # The CURVE key every internal socket authenticates with ("<public>:<secret>", Z85); "": the
+    # deployment generates one per cluster (kvtransfer.socket_security).
+    cluster_key: str = Field("", repr=False)
+
+    @field_validator("cluster_key")
+    @classmethod
+    def _key_format(cls, text: str) -> str:
+        from kvtransfer.socket_security import ClusterKey
+
+        return ClusterKey.parse(text).encoded() if text else text
 
     @model_validator(mode="after")
     def _servable(self) -> "ClusterSpec":

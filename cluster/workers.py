@@ -7,6 +7,9 @@ node's Ray address, so prefill workers on other machines reach them. `launch` re
 at once for TP=1 (the actor builds its engine in the background; `wait_ready`
 waits for it); a TP group is ready when `launch` returns.
 
+Each worker process gets the cluster's key (spec.cluster_key) in its environment,
+through Ray's runtime_env, for its internal sockets (kvtransfer.socket_security).
+
 Ownership: whoever launched a `PoolWorker` kills it (`stop` or `kill`); the
 controller does, for every worker it started.
 """
@@ -23,6 +26,7 @@ from decode_worker.worker import DecodeWorkerConfig
 from engine.llm_engine import EngineArgs
 from engine.parallel.ray_group import start_tp_actors
 from kvtransfer.handoff import AsyncEncodedCalls
+from kvtransfer.socket_security import ClusterKey, worker_runtime_env
 from prefill_worker.actor import PrefillActor, PrefillFollowerActor
 from prefill_worker.worker import PrefillWorkerConfig
 
@@ -143,10 +147,11 @@ def launch(spec: ClusterSpec, role: str, name: str) -> PoolWorker:
     pool, args = spec.pool(role), engine_args_for(spec, role)
     config = PrefillWorkerConfig(name) if role == "prefill" else DecodeWorkerConfig(name)
     rank0_cls, follower_cls = _actor_classes(spec, role)
+    key_env = {"runtime_env": worker_runtime_env(ClusterKey.parse(spec.cluster_key))} if spec.cluster_key else {}
     if pool.tensor_parallel_size == 1:
-        options = {"num_cpus": 0, **placement_options(pool)}
+        options = {"num_cpus": 0, **placement_options(pool), **key_env}
         return PoolWorker(name, role, ray.remote(rank0_cls).options(**options).remote(args, config, pool.torch_threads))
     bundle = {**pool.resources, **({"GPU": pool.num_gpus} if pool.num_gpus else {})}
     tp = start_tp_actors(rank0_cls, follower_cls, args, config, pool.torch_threads, spec.health.start_timeout_s,
-                         bundle=bundle, label_selector=dict(pool.node_labels) or None)  # fmt: skip
+                         bundle=bundle, label_selector=dict(pool.node_labels) or None, **key_env)  # fmt: skip
     return PoolWorker(name, role, tp.rank0, tp)

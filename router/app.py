@@ -63,7 +63,7 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
     import time
 
     registry = registry or WorkerRegistry(make_policy(config.routing_policy, **dict(config.routing_options)))
-    stream = TokenStreamConsumer(config.stream_address)
+    stream = TokenStreamConsumer(config.stream_address, config.cluster_key)
     dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff)
     metrics = RouterMetrics(registry)
     admission = Admission(config.max_in_flight, config.retry_after_s)
