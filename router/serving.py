@@ -24,7 +24,12 @@ from router.served_model import ServedModel
 
 
 class Admission:
-    """At most `limit` sequences in flight; beyond it a request is refused at once (429) rather than queued."""
+    """At most `limit` sequences in flight; beyond it a request is refused at once (429) rather than queued.
+
+    This is the bound of every queue behind the router: the prefill and decode workers' waiting
+    queues, the decode inboxes and the token stream's per-request queues only ever hold admitted
+    sequences (the workers' queues hold no more than all of them; each per-request queue no more
+    than its own output), so a flood of requests costs the router a 429 each, nothing more."""
 
     def __init__(self, limit: int, retry_after_s: int):
         self.limit, self.retry_after_s, self.in_use = limit, retry_after_s, 0

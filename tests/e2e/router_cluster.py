@@ -9,6 +9,7 @@ from decode_worker.actor import start_decode_actor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
 from kvtransfer.handoff import AsyncEncodedCalls
+from kvtransfer.socket_security import worker_runtime_env
 from prefill_worker.actor import start_prefill_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from router.app import create_app
@@ -30,10 +31,12 @@ def _remote(handle) -> AsyncEncodedCalls:
 def router_on_ray(ray, args: EngineArgs, config: RouterConfig, port: int = 0):
     """Yield (server, app, [prefill, decode]), the router on loopback at `port` (0: any free one).
 
+    With `config.cluster_key` the workers get it too: every internal socket authenticates.
     On exit the workers must shut down clean (every block free); the actors are killed either way.
     """
-    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0"))
-    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0"))
+    keyed = {"runtime_env": worker_runtime_env(config.cluster_key)} if config.cluster_key else {}  # as cluster/workers
+    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0"), **keyed)
+    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0"), **keyed)
     app = create_app(config)
     ray.get([a.is_idle.remote() for a in (prefill, decode)])  # built: the cluster registers ready workers
     registry = app.state.router.registry
