@@ -1,8 +1,13 @@
 """The `tandem` command line.
 
     tandem serve [--model M] [--port 8000] [--num-prefill 1 --num-decode 1] [--config spec.yaml] [--address ADDR]
-    tandem scale --prefill N --decode M [--url http://127.0.0.1:8000]
-    tandem status [--url http://127.0.0.1:8000] [--json]
+                 [--api-key KEY]
+    tandem scale --prefill N --decode M [--url http://127.0.0.1:8000] [--api-key KEY]
+    tandem status [--url http://127.0.0.1:8000] [--json] [--api-key KEY]
+
+`--api-key` defaults to the environment variable TANDEM_API_KEY (as vLLM's
+`--api-key` does to VLLM_API_KEY): `serve` then requires it on /v1/* and
+/admin/*, and `scale` / `status` send it.
 
 `serve` without `--address` starts an embedded local Ray; flags override the
 spec file's fields (vLLM's names). Ctrl-C (SIGINT) or SIGTERM stops the
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import urllib.error
@@ -34,6 +40,8 @@ _FLAG_FIELDS = {
     "port": "router.port",
     "routing_policy": "router.routing_policy",
     "served_model_name": "router.served_model_name",
+    "api_key": "router.api_key",
+    "max_request_body_bytes": "router.max_request_body_bytes",
     "num_prefill": "prefill.replicas",
     "num_decode": "decode.replicas",
     "kv_transfer_failure": "kv_transfer_failure",
@@ -63,6 +71,13 @@ def _serve_parser(sub) -> None:
     p.add_argument("--num-decode", type=int, help="decode workers")
     p.add_argument("--kv-transfer-failure", choices=("recompute", "fail"),
                    help="a failed KV transfer: decode prefills the prompt itself (default) or the request fails")
+    _api_key_flag(p, "required on /v1/* and /admin/* as `Authorization: Bearer KEY`")
+    p.add_argument("--max-request-body-bytes", type=int, help="larger HTTP bodies get 413 (default 8 MiB)")
+
+
+def _api_key_flag(parser, what: str) -> None:
+    parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None,
+                        help=f"{what} (default: $TANDEM_API_KEY)")  # fmt: skip
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
@@ -124,9 +139,11 @@ class AdminError(RuntimeError):
     """`tandem scale` / `status` could not get an answer from the router."""
 
 
-def _admin(url: str, path: str, body: dict | None = None) -> dict:
+def _admin(url: str, path: str, body: dict | None = None, api_key: str | None = None) -> dict:
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     request = urllib.request.Request(f"{url.rstrip('/')}{path}", data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=3600) as response:
@@ -151,6 +168,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p = sub.add_parser(name, help=what)
         p.add_argument("--url", default="http://127.0.0.1:8000", help="the router of `tandem serve`")
         p.add_argument("--json", action="store_true", help="print the raw status")
+        _api_key_flag(p, "the API key `tandem serve` was started with")
         if name == "scale":
             p.add_argument("--prefill", type=int, help="prefill workers")
             p.add_argument("--decode", type=int, help="decode workers")
@@ -166,9 +184,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "serve":
             serve(args)
         elif args.command == "scale":
-            _print_status(_admin(args.url, "/admin/scale", {"prefill": args.prefill, "decode": args.decode}), args.json)
+            scale = {"prefill": args.prefill, "decode": args.decode}
+            _print_status(_admin(args.url, "/admin/scale", scale, args.api_key), args.json)
         else:
-            _print_status(_admin(args.url, "/admin/status"), args.json)
+            _print_status(_admin(args.url, "/admin/status", api_key=args.api_key), args.json)
     except (SpecError, ValueError, FileNotFoundError, RuntimeError, TimeoutError) as err:
         # A user-facing tool: the message says what is wrong, no traceback.
         sys.exit(f"tandem: error: {err}")

@@ -21,7 +21,8 @@ import urllib.request
 from cluster.admin import install_admin_routes
 from cluster.controller_actor import ControllerClient, start_controller
 from cluster.router_sync import RouterSync
-from cluster.spec import ClusterSpec
+from cluster.spec import ClusterSpec, with_overrides
+from kvtransfer.socket_security import ClusterKey
 
 
 def connect_ray(address: str | None) -> str:
@@ -53,8 +54,16 @@ def router_config(spec: ClusterSpec):
         routing_options=(("block_size", spec.engine.block_size),) if r.routing_policy == "cache_aware" else (),
         colocated=spec.prefill.replicas == 0,
         max_in_flight=r.max_in_flight,
+        api_key=r.api_key or None,
+        max_request_body_bytes=r.max_request_body_bytes,
         stream_address=f"tcp://{_data_host(spec)}:0",
+        cluster_key=ClusterKey.parse(spec.cluster_key) if spec.cluster_key else None,
     )
+
+
+def with_cluster_key(spec: ClusterSpec) -> ClusterSpec:
+    """`spec` with a cluster key: its own, or a new one (each deployment its own, unless the spec fixes it)."""
+    return spec if spec.cluster_key else with_overrides(spec, {"cluster_key": ClusterKey.generate().encoded()})
 
 
 def _data_host(spec: ClusterSpec) -> str:
@@ -70,7 +79,7 @@ class Deployment:
         from router.registry import WorkerRegistry
         from router.server import RouterServer
 
-        self.spec = spec
+        self.spec = spec = with_cluster_key(spec)
         self.config = router_config(spec)
         policy = make_policy(self.config.routing_policy, **dict(self.config.routing_options))
         registry = WorkerRegistry(policy, make_decode_policy(block_size=spec.engine.block_size))
@@ -78,7 +87,8 @@ class Deployment:
         install_admin_routes(self.app)
         self.server = RouterServer(self.app, spec.router.host, spec.router.port)
         self.controller = self.app.state.controller = ControllerClient(start_controller(spec))
-        sync = RouterSync(registry, self.controller.handle, self.app.state.router.metrics.latency_totals)
+        sync = RouterSync(registry, self.controller.handle, self.app.state.router.metrics.latency_totals,
+                          self.config.cluster_key)  # fmt: skip
         self._sync_task = self.server.call(lambda: asyncio.get_running_loop().create_task(sync.run()))
 
     @property

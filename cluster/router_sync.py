@@ -19,8 +19,9 @@ logger = logging.getLogger("tandem.cluster")
 
 
 class RouterSync:
-    def __init__(self, registry, controller, latency_totals=dict, retry_s: float = 1.0):
+    def __init__(self, registry, controller, latency_totals=dict, key=None, retry_s: float = 1.0):
         self.registry = registry
+        self.key = key  # the cluster key the workers' control sockets demand (RouterConfig.cluster_key)
         self.controller = controller  # the ControllerActor handle
         self.latency_totals = latency_totals  # () -> the router's cumulative TTFT / TPOT (for the autoscaler)
         self.retry_s = retry_s
@@ -43,7 +44,7 @@ class RouterSync:
                 self._incarnation.pop(name, None)
         for entry in wanted:
             if entry.name not in self.registry.workers:
-                self.registry.register(entry.name, entry.role, entry.worker.endpoint())
+                self.registry.register(entry.name, entry.role, entry.worker.endpoint(self.key))
                 self._incarnation[entry.name] = entry.incarnation
             if entry.draining and not self.registry.workers[entry.name].draining:
                 self.registry.drain(entry.name)

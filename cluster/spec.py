@@ -79,6 +79,8 @@ class RouterSpec(_Strict):
     routing_policy: str = "cache_aware"
     served_model_name: str = ""
     max_in_flight: int = Field(256, ge=1)
+    api_key: str = Field("", repr=False)  # "": the API is open; else /v1/* and /admin/* need it as a Bearer token
+    max_request_body_bytes: int = Field(8 << 20, ge=1)
 
     @field_validator("routing_policy")
     @classmethod
@@ -144,6 +146,16 @@ class ClusterSpec(_Strict):
     decode: PoolSpec = PoolSpec()
     health: HealthSpec = HealthSpec()
     autoscale: AutoscaleSpec = AutoscaleSpec()
+    # The CURVE key every internal socket authenticates with ("<public>:<secret>", Z85); "": the
+    # deployment generates one per cluster (kvtransfer.socket_security).
+    cluster_key: str = Field("", repr=False)
+
+    @field_validator("cluster_key")
+    @classmethod
+    def _key_format(cls, text: str) -> str:
+        from kvtransfer.socket_security import ClusterKey
+
+        return ClusterKey.parse(text).encoded() if text else text
 
     @model_validator(mode="after")
     def _servable(self) -> "ClusterSpec":

@@ -10,6 +10,9 @@ worker over its rank 0's control socket (`endpoint`, kvtransfer.control_client),
 bound on loopback or, with `data_plane: node_ip`, on the node's address; Ray
 stays for the lifecycle (start, health, stop).
 
+Each worker process gets the cluster's key (spec.cluster_key) in its environment,
+through Ray's runtime_env, for its internal sockets (kvtransfer.socket_security).
+
 Ownership: whoever launched a `PoolWorker` kills it (`stop` or `kill`); the
 controller does, for every worker it started.
 """
@@ -27,6 +30,7 @@ from engine.llm_engine import EngineArgs
 from engine.parallel.ray_group import start_tp_actors
 from kvtransfer.control_client import control_endpoint
 from kvtransfer.handoff import AsyncEncodedCalls
+from kvtransfer.socket_security import ClusterKey, worker_runtime_env
 from prefill_worker.actor import PrefillActor, PrefillFollowerActor
 from prefill_worker.worker import PrefillWorkerConfig
 
@@ -59,11 +63,12 @@ class PoolWorker:
     started_at: float = dataclasses.field(default_factory=time.monotonic)
     control_address: str = ""  # rank 0's control socket, learnt by `wait_ready`
 
-    def endpoint(self) -> AsyncEncodedCalls:
-        """How the router calls this worker: over rank 0's control socket (call after `wait_ready`)."""
+    def endpoint(self, key=None) -> AsyncEncodedCalls:
+        """How the router calls this worker: over rank 0's control socket (call after `wait_ready`),
+        presenting the cluster key `key` (a `ClusterKey`; None: the calling process's, if any)."""
         if not self.control_address:
             raise RuntimeError(f"{self.name}: no control address yet (wait_ready first)")
-        return control_endpoint(self.control_address)
+        return control_endpoint(self.control_address, key=key)
 
     def wait_ready(self, timeout_s: float, stop=None) -> None:
         """Block until the engine is built (raises what building it raised); learn which node it is on.
@@ -170,10 +175,11 @@ def launch(spec: ClusterSpec, role: str, name: str) -> PoolWorker:
     else:
         config = DecodeWorkerConfig(name, kv_transfer_failure=spec.kv_transfer_failure)
     rank0_cls, follower_cls = _actor_classes(spec, role)
+    key_env = {"runtime_env": worker_runtime_env(ClusterKey.parse(spec.cluster_key))} if spec.cluster_key else {}
     if pool.tensor_parallel_size == 1:
-        options = {"num_cpus": 0, **placement_options(pool)}
+        options = {"num_cpus": 0, **placement_options(pool), **key_env}
         return PoolWorker(name, role, ray.remote(rank0_cls).options(**options).remote(args, config, pool.torch_threads))
     bundle = {**pool.resources, **({"GPU": pool.num_gpus} if pool.num_gpus else {})}
     tp = start_tp_actors(rank0_cls, follower_cls, args, config, pool.torch_threads, spec.health.start_timeout_s,
-                         bundle=bundle, label_selector=dict(pool.node_labels) or None)  # fmt: skip
+                         bundle=bundle, label_selector=dict(pool.node_labels) or None, **key_env)  # fmt: skip
     return PoolWorker(name, role, tp.rank0, tp)

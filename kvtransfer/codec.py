@@ -26,6 +26,14 @@ T = TypeVar("T")
 class DecodeError(ValueError):
     """Bytes that are not a well-formed registered message (malformed, truncated, unknown)."""
 
+    reason = "malformed"  # the socket_security refusal counter it goes to
+
+
+class WrongType(DecodeError):
+    """A well-formed message, but not one of the types the reader expects."""
+
+    reason = "wrong_type"
+
 
 def message(cls: type[T]) -> type[T]:
     """Class decorator: make `cls` a frozen dataclass and register it for the codec."""
@@ -49,7 +57,7 @@ def decode(data, expected: type[T] | tuple[type, ...] = object) -> T:
     except Exception as e:  # msgpack raises several unrelated types for bad input
         raise DecodeError(f"malformed message: {e}") from e
     if not isinstance(msg, expected) or not dataclasses.is_dataclass(msg):
-        raise DecodeError(f"expected {_names(expected)}, got {type(msg).__name__}")
+        raise WrongType(f"expected {_names(expected)}, got {type(msg).__name__}")
     return msg
 
 

@@ -23,9 +23,10 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from kvtransfer.codec import DecodeError, decode, encode
-from kvtransfer.control_sockets import control_socket
+from kvtransfer.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from kvtransfer.handoff import AsyncEncodedCalls
 from kvtransfer.protocol import ControlCall, ControlReply
+from kvtransfer.socket_security import ClusterKey, connect_secured
 
 logger = logging.getLogger("tandem.kvtransfer")
 
@@ -51,8 +52,9 @@ class WorkerGone(ConnectionError):
 class ControlClient:
     """Calls to one worker's `ControlServer`. Bound to the event loop of its first call; `close()` on that loop."""
 
-    def __init__(self, address: str, timeout_s: float = DEFAULT_CALL_TIMEOUT_S):
+    def __init__(self, address: str, timeout_s: float = DEFAULT_CALL_TIMEOUT_S, key: ClusterKey | None = None):
         self.address, self.timeout_s = address, timeout_s
+        self.key = key  # the cluster key the worker's socket demands (None: this process's, if any)
         self._sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -92,7 +94,7 @@ class ControlClient:
         self._loop = asyncio.get_running_loop()
         self._sock = control_socket(zmq.Context.instance(), zmq.DEALER)
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._sock.connect(self.address)
+        connect_secured(self._sock, self.address, MAX_CONTROL_MESSAGE_BYTES, key=self.key)
         self._loop.add_reader(self._sock.FD, self._read_replies)
         self._loop.add_reader(self._monitor.FD, self._read_monitor)
         self._loop.call_soon(self._read_monitor)  # ZMQ's FD signals changes: read what came before
@@ -143,7 +145,8 @@ class ControlClient:
                 future.set_exception(error)
 
 
-def control_endpoint(address: str, timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> AsyncEncodedCalls:
+def control_endpoint(address: str, timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+                     key: ClusterKey | None = None) -> AsyncEncodedCalls:  # fmt: skip
     """A worker's async endpoint (`reserve` / `prefill` / `abort` / `load`) over its control socket at `address`."""
-    client = ControlClient(address, timeout_s)
+    client = ControlClient(address, timeout_s, key)
     return AsyncEncodedCalls(client.call, client.close)

@@ -24,6 +24,7 @@ from typing import Callable, Mapping
 import zmq
 
 from kvtransfer.codec import DecodeError, decode, encode
+from kvtransfer.socket_security import bind_secured, refuse
 from kvtransfer.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from kvtransfer.protocol import ControlCall, ControlReply
 
@@ -56,8 +57,8 @@ class ControlServer:
                  max_message_bytes: int = MAX_CONTROL_MESSAGE_BYTES):  # fmt: skip
         self._submit, self._calls = submit, calls
         self._sock = control_socket(zmq.Context.instance(), zmq.ROUTER, max_message_bytes)
-        self._sock.bind(address)
-        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        # This process's cluster key (TANDEM_CLUSTER_KEY), if any: only routers holding it get through.
+        self.address = bind_secured(self._sock, address, "control", max_message_bytes)
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -128,6 +129,7 @@ class ControlServer:
 
     def _drop(self, why: str) -> None:
         self.dropped += 1
+        refuse("control", "malformed", why)
         logger.warning("control server %s dropped a message: %s", self.address, why)
 
     def _on_done(self, identity: bytes, call_id: int, done: Future) -> None:

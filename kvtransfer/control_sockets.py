@@ -1,7 +1,8 @@
 """The one place the control plane's ZMQ sockets are made (worker ROUTERs, router DEALERs).
 
-Every option that guards a control socket is set here, so socket
-authentication (CURVE keys) is one more line in `control_socket`.
+The socket options of the control plane are set here; the size limit and
+authentication (the cluster's CURVE key) by `kvtransfer.socket_security` as
+the server binds and the client connects.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class RankLinks:
     def __init__(self, endpoints: list[RankEndpoint], ack_timeout_s: float = 10.0, address: str = "tcp://127.0.0.1:0"):
         self.endpoints = {e.rank: e for e in endpoints}
         self.ack_timeout_s = ack_timeout_s
-        self._pull = PullSocket((RankAck, ShardEnded), address)
+        self._pull = PullSocket((RankAck, ShardEnded), address, kind="rank_link")
         self._pushers = Pushers()
         self._reports: list[ShardEnded] = []  # arrived while waiting for acks
         self._acks: set[tuple[str, int, str]] = set()
@@ -102,7 +102,7 @@ class RankControl:
 
     def __init__(self, rank: int, address: str = "tcp://127.0.0.1:0"):
         self.rank = rank
-        self._pull = PullSocket(CONTROL_MESSAGES, address)
+        self._pull = PullSocket(CONTROL_MESSAGES, address, kind="rank_link")
         self.address = self._pull.address
         self._pushers = Pushers()
         self._report_to = ""

@@ -29,6 +29,7 @@ from kvtransfer.protocol import (
     check_hello,
 )
 from kvtransfer.reservation import Reservation
+from kvtransfer.socket_security import SMALL_MESSAGE_BYTES, refuse
 from kvtransfer.zmq_transport import bind_router, decode_header, recv_parts, send_message
 
 logger = logging.getLogger("tandem.kvtransfer")
@@ -82,7 +83,9 @@ class KVReceiver(KVReceiverBase):
         self.dist_backend, self.timeouts, self.clock = dist_backend, timeouts, clock
         self.stats = ReceiverStats()
         self._ctx = zmq.Context.instance()
-        self._sock, self.address = bind_router(self._ctx, address)
+        # The largest legitimate frame is one layer's K (or V) run: at most that layer's whole cache.
+        max_frame = max(SMALL_MESSAGE_BYTES, *(k.nbytes for k, _ in kv_caches))
+        self._sock, self.address = bind_router(self._ctx, address, max_frame)
         self._senders: dict[bytes, _Sender] = {}
         self._reservations: dict[str, Reservation] = {}
         self._store = None
@@ -131,8 +134,10 @@ class KVReceiver(KVReceiverBase):
             msg = decode_header(parts[1], (Hello, KVChunk, Heartbeat, Abort)) if len(parts) > 1 else None
         except DecodeError as e:
             msg = None
-            logger.error("rejected a malformed message from %s: %s", self._name(identity), e)
+            refuse("kv", e.reason, f"from {self._name(identity)}: {e}")
         if msg is None:
+            if len(parts) <= 1:
+                refuse("kv", "malformed", f"from {self._name(identity)}: no header")
             self.stats.rejected_chunks += 1
             return
         if isinstance(msg, Hello):

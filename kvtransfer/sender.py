@@ -28,6 +28,7 @@ from kvtransfer.protocol import (
     Welcome,
     compat_hash,
 )
+from kvtransfer.socket_security import refuse
 from kvtransfer.zmq_transport import connect_dealer, decode_header, recv_parts, send_message
 
 logger = logging.getLogger("tandem.kvtransfer")
@@ -213,7 +214,7 @@ class KVSender(KVSenderBase):
         try:
             msg = decode_header(parts[0], (Heartbeat, TransferDone, Abort))
         except DecodeError as e:
-            logger.error("malformed message from KV receiver %s: %s", link.address, e)
+            refuse("kv", e.reason, f"from KV receiver {link.address}: {e}")
             return
         link.last_seen = self.clock()
         if isinstance(msg, Heartbeat):

@@ -16,6 +16,7 @@ import zmq
 
 from kvtransfer.codec import DecodeError, decode, encode
 from kvtransfer.protocol import TokenDelta
+from kvtransfer.socket_security import bind_secured, connect_secured, refuse
 
 logger = logging.getLogger("tandem.kvtransfer")
 
@@ -35,7 +36,7 @@ class Pushers:
             sock = self._socks[address] = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 1000)  # a worker shutting down still flushes its last deltas
             sock.setsockopt(zmq.SNDHWM, self._send_hwm)
-            sock.connect(address)
+            connect_secured(sock, address)
         try:
             sock.send(encode(msg), zmq.NOBLOCK)
             return True
@@ -50,14 +51,17 @@ class Pushers:
 
 
 class PullSocket:
-    """A bound PULL that decodes only the `expected` message types; malformed input is logged and dropped."""
+    """A bound PULL that decodes only the `expected` message types; anything else is refused (counted) and dropped.
 
-    def __init__(self, expected: tuple[type, ...], address: str = "tcp://127.0.0.1:0"):
-        self.expected = expected
+    Bounded: ZMQ's default receive high-water mark (1000 messages, each at most
+    `SMALL_MESSAGE_BYTES`); past it the senders' `Pushers` queue on their side up
+    to their own bound. `kind` names the socket in the refusal counters."""
+
+    def __init__(self, expected: tuple[type, ...], address: str = "tcp://127.0.0.1:0", kind: str = "inbox"):
+        self.expected, self.kind = expected, kind
         self._sock = zmq.Context.instance().socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(address)
-        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = bind_secured(self._sock, address, kind)
 
     def poll(self, timeout_ms: int = 0, max_messages: int = 1024) -> list:
         out = []
@@ -71,7 +75,7 @@ class PullSocket:
             try:
                 out.append(decode(data, self.expected))
             except DecodeError as e:
-                logger.error("dropped a malformed message on %s: %s", self.address, e)
+                refuse(self.kind, e.reason, e)
         return out
 
     def close(self) -> None:
@@ -99,7 +103,7 @@ class TokenStream:
     """Binds a PULL for TokenDeltas; `poll` folds them into per-request `StreamedRequest`s."""
 
     def __init__(self, address: str = "tcp://127.0.0.1:0"):
-        self._pull = PullSocket((TokenDelta,), address)
+        self._pull = PullSocket((TokenDelta,), address, kind="token_stream")
         self.address = self._pull.address
         self.requests: dict[str, StreamedRequest] = {}
 

@@ -14,29 +14,34 @@ from __future__ import annotations
 import zmq
 
 from kvtransfer.codec import decode, encode
+from kvtransfer.socket_security import bind_secured, connect_secured
 
 # pyzmq copies frames smaller than this anyway; above it, zero-copy is worth the tracking cost.
 _ZERO_COPY_MIN_BYTES = 64 * 1024
 
 
-def bind_router(ctx: zmq.Context, address: str) -> tuple[zmq.Socket, str]:
-    """Bind a ROUTER at `address` ("tcp://127.0.0.1:0" picks a free port); return it and its real address."""
+def bind_router(ctx: zmq.Context, address: str, max_frame_bytes: int) -> tuple[zmq.Socket, str]:
+    """Bind a ROUTER at `address` ("tcp://127.0.0.1:0" picks a free port); return it and its real address.
+
+    `max_frame_bytes`: the largest frame a sender may send (a larger one drops its connection).
+    Unbounded queues (HWM 0): a dropped KV frame would corrupt a transfer, and what is
+    in flight is bounded by the blocks reserved for it (see `kvtransfer.connector`)."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished peer raises instead of vanishing
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
-    sock.bind(address)
-    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    return sock, bind_secured(sock, address, "kv", max_frame_bytes)
 
 
 def connect_dealer(ctx: zmq.Context, address: str, send_timeout_ms: int) -> zmq.Socket:
+    """A DEALER to a KV receiver; what comes back (acks, heartbeats) is small control messages."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)  # closing drops queued frames and the references to our blocks
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
-    sock.connect(address)
+    connect_secured(sock, address)
     return sock
 
 

@@ -32,6 +32,7 @@ from router.completions import create_completion
 from router.config import RouterConfig
 from router.dispatch import Dispatcher
 from router.errors import APIError, install_error_handlers
+from router.http_guard import RequestGuard
 from router.metrics import RouterMetrics
 from router.policy import make_policy
 from router.registry import WorkerRegistry
@@ -40,7 +41,7 @@ from router.serving import Admission, RequestRunner
 from router.token_stream import TokenStreamConsumer
 from router.watchdog import watch
 
-_ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 429, 500, 503)}
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}
 
 
 @dataclass
@@ -63,7 +64,7 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
     import time
 
     registry = registry or WorkerRegistry(make_policy(config.routing_policy, **dict(config.routing_options)))
-    stream = TokenStreamConsumer(config.stream_address)
+    stream = TokenStreamConsumer(config.stream_address, config.cluster_key)
     dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff, config.max_resumes)
     metrics = RouterMetrics(registry)
     admission = Admission(config.max_in_flight, config.retry_after_s)
@@ -91,7 +92,8 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
                   telemetry={"tracing": False, "metrics": False, "logs": False})  # fmt: skip
     app.state.router = state
     install_error_handlers(app)
-    app.add_middleware(_StatusCounter, metrics=metrics)
+    app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes)
+    app.add_middleware(_StatusCounter, metrics=metrics)  # added last: runs first, so it counts 401 and 413 too
 
     # Handlers return JSONResponse (no second validation of the body); the models document it.
     @app.post("/v1/completions", responses={200: {"model": CompletionResponse}, **_ERRORS})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtransfer.handoff import HandoffTimeouts
+from kvtransfer.socket_security import ClusterKey
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ class RouterConfig:
     handoff: HandoffTimeouts = field(default_factory=HandoffTimeouts)
     no_token_timeout_s: float = 60.0  # watchdog: a request with no token for this long ends with an error (0: off)
     max_resumes: int = 3  # a request whose worker died is resumed elsewhere at most this many times
+    api_key: str | None = field(default=None, repr=False)  # set: /v1/* and /admin/* need `Authorization: Bearer <key>`
+    max_request_body_bytes: int = 8 << 20  # a larger HTTP body is refused (413)
+    # Workers authenticate to the token stream with it (None: this process's TANDEM_CLUSTER_KEY, if any).
+    cluster_key: ClusterKey | None = field(default=None, repr=False)
 
     @property
     def model_name(self) -> str:

@@ -2,13 +2,15 @@
 
 Every failure a handler can meet becomes an `APIError`; `install_error_handlers`
 turns it (and FastAPI's validation errors, unknown routes, anything unexpected)
-into that JSON. No traceback ever reaches a client: unexpected exceptions are
-logged here and answered with a generic 500.
+into that JSON. No traceback or internal exception text ever reaches a client:
+unexpected exceptions and worker failures are logged here under an error id,
+and the client gets a generic message carrying that id.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,8 +23,9 @@ from router.token_stream import StreamFailed
 
 logger = logging.getLogger("tandem.router")
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-          429: "rate_limit_exceeded", 500: "internal_error", 503: "service_unavailable"}  # fmt: skip
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
+          500: "internal_error", 503: "service_unavailable"}  # fmt: skip
 
 
 class APIError(Exception):
@@ -44,6 +47,14 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
 
 
+def internal_error(what: str, detail: object, status: int = 500, code: str = "internal_error") -> APIError:
+    """`what` for the client with an error id; `detail` (an exception or a worker's words) only to the log."""
+    error_id = uuid.uuid4().hex[:16]
+    exc_info = detail if isinstance(detail, BaseException) else None
+    logger.error("%s [error id %s]: %s", what, error_id, detail, exc_info=exc_info)
+    return APIError(status, f"{what} (error id {error_id})", code=code)
+
+
 def from_dispatch(err: Exception) -> APIError:
     """The HTTP form of what `Dispatcher.start` or a generation raised."""
     if isinstance(err, APIError):
@@ -53,12 +64,11 @@ def from_dispatch(err: Exception) -> APIError:
     if isinstance(err, HandoffError):
         return APIError(503, str(err), code="no_capacity") if err.retryable else bad_request(str(err))
     if isinstance(err, (WorkerFailed, StreamFailed)):
-        return APIError(503, f"a worker failed during the request: {err}", code="worker_failed")
+        return internal_error("a worker failed during the request", err, 503, "worker_failed")
     if isinstance(err, ValueError):  # a worker refused the request's values (Ray wraps it: keep the cause's words)
         cause = getattr(err, "cause", None)
         return bad_request(str(cause if isinstance(cause, ValueError) else err).strip().splitlines()[-1])
-    logger.error("unexpected error while serving a request", exc_info=err)
-    return APIError(500, "internal server error")
+    return internal_error("internal error", err)
 
 
 def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

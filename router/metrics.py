@@ -20,6 +20,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kvtransfer.socket_security import refusals
 from router.registry import WorkerRegistry
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -48,6 +49,7 @@ class RouterMetrics:
         self.cache_hits = Counter("tandem:prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r)
         self.in_flight = Gauge("tandem:num_sequences_in_flight", "Admitted sequences not yet ended.", registry=r)
         r.register(_WorkerCollector(workers))
+        r.register(_RefusalCollector())
 
     def sequence_finished(self, arrived: float, first_token_at: float | None, final) -> None:
         now = time.monotonic()
@@ -112,3 +114,15 @@ class _WorkerCollector:
                         family.add_metric(labels, getattr(w.load, name))
         yield from families.values()
         yield from transfers.values()
+
+
+class _RefusalCollector:
+    """What this process's internal sockets refused (`kvtransfer.socket_security.refusals`), by socket and reason."""
+
+    def collect(self):
+        family = CounterMetricFamily("tandem:internal_messages_refused",
+                                     "Internal ZMQ messages or connections refused and dropped, by socket and reason.",
+                                     labels=["socket", "reason"])  # fmt: skip
+        for (kind, reason), count in sorted(refusals().items()):
+            family.add_metric([kind, reason], count)
+        yield family

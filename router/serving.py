@@ -18,13 +18,18 @@ from typing import AsyncIterator
 from kvtransfer.protocol import SamplingSpec, TokenDelta, TokenLogprob
 from router.detokenize import TextStream
 from router.dispatch import Dispatcher, Generation
-from router.errors import APIError, from_dispatch
+from router.errors import APIError, from_dispatch, internal_error
 from router.metrics import RouterMetrics
 from router.served_model import ServedModel
 
 
 class Admission:
-    """At most `limit` sequences in flight; beyond it a request is refused at once (429) rather than queued."""
+    """At most `limit` sequences in flight; beyond it a request is refused at once (429) rather than queued.
+
+    This is the bound of every queue behind the router: the prefill and decode workers' waiting
+    queues, the decode inboxes and the token stream's per-request queues only ever hold admitted
+    sequences (the workers' queues hold no more than all of them; each per-request queue no more
+    than its own output), so a flood of requests costs the router a 429 each, nothing more."""
 
     def __init__(self, limit: int, retry_after_s: int):
         self.limit, self.retry_after_s, self.in_use = limit, retry_after_s, 0
@@ -105,8 +110,8 @@ class RunningRequest:
                     chunk.final = _stopped_at_splice(choice)  # the engine saw only the resumed part
                 if chunk.final is not None:
                     if chunk.final.finish_reason == "abort":
-                        raise APIError(500, f"generation failed on a worker: {chunk.final.error or 'aborted'}",
-                                       code="worker_error")  # fmt: skip
+                        raise internal_error("generation failed on a worker", chunk.final.error or "aborted",
+                                             code="worker_error")  # fmt: skip
                     text += choice.text.finish()
                     choice.final = chunk.final
                     self.runner.metrics.sequence_finished(self.arrived, choice.first_token_at, chunk.final)

@@ -27,6 +27,7 @@ import zmq
 
 from kvtransfer.codec import DecodeError, decode
 from kvtransfer.protocol import TokenDelta, TokenLogprob
+from kvtransfer.socket_security import ClusterKey, bind_secured, refuse
 
 logger = logging.getLogger("tandem.router")
 
@@ -45,7 +46,11 @@ class OutputChunk:
 
 
 class RequestOutputs:
-    """One request's deltas, reassembled in output order, across the attempts of a resumed request."""
+    """One request's deltas, reassembled in output order, across the attempts of a resumed request.
+
+    The queue has no bound of its own: it holds only this request's deltas (at
+    most max_tokens + 1 per attempt, the worker's own output), and only while the
+    request is open; the router admits at most `max_in_flight` of them."""
 
     def __init__(self):
         self._queue: asyncio.Queue[tuple[int, TokenDelta | StreamFailed]] = asyncio.Queue()
@@ -121,10 +126,13 @@ class RequestOutputs:
 
 
 class TokenStreamConsumer:
-    """Bound on `start()` (on the router's loop); `open(request_id)` before the request is sent anywhere."""
+    """Bound on `start()` (on the router's loop); `open(request_id)` before the request is sent anywhere.
 
-    def __init__(self, address: str = "tcp://127.0.0.1:0"):
-        self._bind_address = address
+    `key`: the cluster key workers authenticate with (None: the process's, if any; see
+    `kvtransfer.socket_security`). Undecodable or wrong-type messages are refused and counted."""
+
+    def __init__(self, address: str = "tcp://127.0.0.1:0", key: ClusterKey | None = None):
+        self._bind_address, self._key = address, key
         self.address = ""
         self._requests: dict[str, RequestOutputs] = {}
         self._sock: zmq.Socket | None = None
@@ -133,9 +141,8 @@ class TokenStreamConsumer:
     async def start(self) -> None:
         self._sock = zmq.Context.instance().socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RCVHWM, 0)  # never drop a delta: a slow router queues them
-        self._sock.bind(self._bind_address)
-        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._sock.setsockopt(zmq.RCVHWM, 0)  # never drop a delta: a slow router queues them (see `RequestOutputs`)
+        self.address = bind_secured(self._sock, self._bind_address, "token_stream", key=self._key)
         # Read straight off the socket's FD: every delta waiting is taken in one wake-up, without the
         # future per message that zmq.asyncio makes (two deltas per request add up at thousands a second).
         self._loop = asyncio.get_running_loop()
@@ -164,7 +171,7 @@ class TokenStreamConsumer:
             try:
                 delta = decode(frames[0], TokenDelta)
             except DecodeError as err:
-                logger.error("dropped a malformed token-stream message: %s", err)
+                refuse("token_stream", err.reason, err)
                 continue
             outputs = self._requests.get(delta.request_id)
             if outputs is not None:

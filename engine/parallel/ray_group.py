@@ -81,7 +81,8 @@ def start_tp_actors(rank0_cls, follower_cls, engine_args, config, torch_threads:
             opts = {"num_cpus": 0, "num_gpus": gpus, **options, **placement}
             actors.append(ray.remote(rank0_cls).options(**opts).remote(engine_args, config, torch_threads, False))
         else:
-            follower = ray.remote(follower_cls).options(num_cpus=0, num_gpus=gpus, **placement)
+            inherited = {k: options[k] for k in ("runtime_env",) if k in options}  # e.g. the cluster key
+            follower = ray.remote(follower_cls).options(num_cpus=0, num_gpus=gpus, **inherited, **placement)
             actors.append(follower.remote(engine_args, config, torch_threads, rank))
     tp = TPActors(actors[0], actors[1:], group)
     try:

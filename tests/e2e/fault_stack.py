@@ -39,9 +39,9 @@ def fault_stack(ray, args: EngineArgs, config: RouterConfig, prefill: list[Prefi
     ray.get([a.is_idle.remote() for a in actors.values()])  # built
     registry = app.state.router.registry
     for c in prefill:
-        registry.register(c.name, "prefill", _remote(actors[c.name]))
+        registry.register(c.name, "prefill", _remote(ray, actors[c.name]))
     for c in decode:
-        registry.register(c.name, "decode", _remote(actors[c.name]))
+        registry.register(c.name, "decode", _remote(ray, actors[c.name]))
     server = RouterServer(app, port=0)
     try:
         yield types.SimpleNamespace(server=server, app=app, registry=registry, actors=actors)

@@ -9,6 +9,7 @@ from decode_worker.actor import start_decode_actor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
 from kvtransfer.control_client import control_endpoint
+from kvtransfer.socket_security import worker_runtime_env
 from prefill_worker.actor import start_prefill_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from router.app import create_app
@@ -22,24 +23,26 @@ CHAT_TEMPLATE = (
 )
 
 
-def _remote(ray, handle):
-    """The actor's endpoint as the cluster registers it: over its control socket."""
-    return control_endpoint(ray.get(handle.control_address.remote()))
+def _remote(ray, handle, key=None):
+    """The actor's endpoint as the cluster registers it: over its control socket (with the cluster key)."""
+    return control_endpoint(ray.get(handle.control_address.remote()), key=key)
 
 
 @contextlib.contextmanager
 def router_on_ray(ray, args: EngineArgs, config: RouterConfig, port: int = 0):
     """Yield (server, app, [prefill, decode]), the router on loopback at `port` (0: any free one).
 
+    With `config.cluster_key` the workers get it too: every internal socket authenticates.
     On exit the workers must shut down clean (every block free); the actors are killed either way.
     """
-    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0"))
-    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0"))
+    keyed = {"runtime_env": worker_runtime_env(config.cluster_key)} if config.cluster_key else {}  # as cluster/workers
+    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0"), **keyed)
+    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0"), **keyed)
     app = create_app(config)
     ray.get([a.is_idle.remote() for a in (prefill, decode)])  # built: the cluster registers ready workers
     registry = app.state.router.registry
-    registry.register("prefill-0", "prefill", _remote(ray, prefill))
-    registry.register("decode-0", "decode", _remote(ray, decode))
+    registry.register("prefill-0", "prefill", _remote(ray, prefill, config.cluster_key))
+    registry.register("decode-0", "decode", _remote(ray, decode, config.cluster_key))
     server = RouterServer(app, port=port)
     try:
         yield types.SimpleNamespace(server=server, app=app, actors=[prefill, decode])

@@ -1,0 +1,232 @@
+"""Every internal ZMQ socket is set up here: size limit, authentication, where it may bind, what it refused.
+
+    address = bind_secured(sock, "tcp://127.0.0.1:0", kind="token_stream")   # a socket others connect to
+    connect_secured(sock, address)                                            # a socket that connects to one
+    ...
+    refuse("token_stream", "malformed")    # a receive loop dropped an undecodable or wrong-type message
+
+One call per socket, before it binds or connects. What it does:
+
+- `MAXMSGSIZE` on the socket: libzmq drops the connection of a peer that sends
+  a larger frame before any of it is buffered (counted `dropped_connection`).
+- With a cluster key, CURVE: the bound side is a CURVE server, the connecting
+  side a CURVE client, and a ZAP handler (pyzmq's ThreadAuthenticator, one per
+  ZMQ context) admits only clients holding a cluster key's secret. A client
+  without it never completes the handshake (counted `unauthenticated`, or
+  `bad_handshake` when it speaks no CURVE, or no ZMTP at all).
+- Binds only to a given interface (loopback or the node's address), never to
+  a wildcard.
+
+The cluster key: one CURVE keypair per cluster, made by whoever starts the
+cluster (`ClusterKey.generate()`, `cluster.deployment`), given to the router
+in its config and to each worker process in the environment variable
+`TANDEM_CLUSTER_KEY` (`worker_runtime_env`). A process without a key (unit
+tests, scripts) runs its sockets unauthenticated; size limits still hold.
+
+Counters (`refusals()`) are per process and per socket kind; the router
+exports them to Prometheus as `tandem:internal_messages_refused_total`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+logger = logging.getLogger("tandem.kvtransfer")
+
+ENV_VAR = "TANDEM_CLUSTER_KEY"
+SMALL_MESSAGE_BYTES = 4 << 20  # control messages and token deltas (msgpack headers, never tensors)
+_WILDCARD_HOSTS = {"*", "0.0.0.0", "::", ""}
+
+
+@dataclass(frozen=True)
+class ClusterKey:
+    """A CURVE keypair (Z85 text) shared by every member of one cluster: servers and clients both use it."""
+
+    public: str
+    secret: str = field(repr=False)
+
+    @classmethod
+    def generate(cls) -> "ClusterKey":
+        public, secret = zmq.curve_keypair()
+        return cls(public.decode(), secret.decode())
+
+    def encoded(self) -> str:
+        return f"{self.public}:{self.secret}"
+
+    @classmethod
+    def parse(cls, text: str) -> "ClusterKey":
+        public, separator, secret = text[:40], text[40:41], text[41:]  # Z85 itself may contain ':'
+        if len(text) != 81 or separator != ":":
+            raise ValueError(f"{ENV_VAR} must be '<public>:<secret>', each 40 Z85 characters")
+        return cls(public, secret)
+
+
+def process_key() -> ClusterKey | None:
+    """This process's cluster key, from `TANDEM_CLUSTER_KEY` (None: unauthenticated sockets)."""
+    text = os.environ.get(ENV_VAR, "")
+    return ClusterKey.parse(text) if text else None
+
+
+def worker_runtime_env(key: ClusterKey | None) -> dict:
+    """The Ray `runtime_env` that hands `key` to a worker actor's process (empty without a key)."""
+    return {"env_vars": {ENV_VAR: key.encoded()}} if key is not None else {}
+
+
+def bind_secured(sock: zmq.Socket, address: str, kind: str, max_message_bytes: int = SMALL_MESSAGE_BYTES,
+                 key: ClusterKey | None = None) -> str:  # fmt: skip
+    """Limit, authenticate (with a key), watch and bind `sock`; return the address it bound (port 0 resolved).
+
+    `kind` names the socket in the counters ("token_stream", "kv", "rank_link", "inbox", "control"...);
+    `key` None: this process's key (`process_key()`), if it has one."""
+    host = urlsplit(address).hostname if address.startswith("tcp://") else "local"
+    if host is None or host.strip("[]") in _WILDCARD_HOSTS:
+        raise ValueError(f"{address}: internal sockets bind to one interface (loopback or the node's address)")
+    key = key or process_key()
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    if key is not None:
+        _authenticator(sock.context).allow(kind, key)
+        sock.setsockopt(zmq.ZAP_DOMAIN, kind.encode())
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, key.secret.encode())
+    _MONITOR.watch(sock, kind)
+    sock.bind(address)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def connect_secured(sock: zmq.Socket, address: str, max_message_bytes: int = SMALL_MESSAGE_BYTES,
+                    key: ClusterKey | None = None) -> None:  # fmt: skip
+    """Limit what `sock` receives, present the cluster key (with one), and connect it to `address`."""
+    key = key or process_key()
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    if key is not None:
+        sock.setsockopt(zmq.CURVE_SERVERKEY, key.public.encode())
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, key.public.encode())
+        sock.setsockopt(zmq.CURVE_SECRETKEY, key.secret.encode())
+    sock.connect(address)
+
+
+# -- refusals --
+
+_refused: Counter = Counter()  # (socket kind, reason) -> count
+_refused_lock = threading.Lock()
+_LOGGED_PER_REASON = 10  # then quiet: a flood of garbage must not become a flood of log lines
+
+
+def refuse(kind: str, reason: str, detail: object = "") -> None:
+    """Count one refused message or connection on a `kind` socket (it was dropped, never acted on)."""
+    with _refused_lock:
+        _refused[kind, reason] += 1
+        count = _refused[kind, reason]
+    if count <= _LOGGED_PER_REASON:  # a peer leaving is routine; anything else is worth a warning
+        level = logging.INFO if reason == "dropped_connection" else logging.WARNING
+        logger.log(level, "refused on a %s socket (%s): %s", kind, reason, detail)
+
+
+def refusals() -> dict[tuple[str, str], int]:
+    """(socket kind, reason) -> how many this process refused: malformed, wrong_type (receive loops),
+    unauthenticated, bad_handshake, dropped_connection (libzmq: an oversized frame, a protocol
+    error, or a peer that went away)."""
+    with _refused_lock:
+        return dict(_refused)
+
+
+# -- authentication: one ZAP handler per ZMQ context --
+
+
+class _KeyCheck:
+    """The ZAP callback: a client is let in if it holds the secret of a key some socket here was bound with."""
+
+    def __init__(self):
+        self.allowed: set[str] = set()
+
+    def callback(self, domain: str, client_key: bytes | str) -> bool:
+        key = client_key.decode() if isinstance(client_key, bytes) else client_key
+        return key in self.allowed
+
+
+class _Authenticator:
+    def __init__(self, context: zmq.Context):
+        from zmq.auth.thread import ThreadAuthenticator
+
+        self._check = _KeyCheck()
+        self._auth = ThreadAuthenticator(zmq.Context.shadow(context.underlying), log=logging.getLogger("tandem.zap"))
+        self._auth.start()
+
+    def allow(self, kind: str, key: ClusterKey) -> None:
+        self._check.allowed.add(key.public)
+        self._auth.configure_curve_callback(domain=kind, credentials_provider=self._check)
+
+
+_authenticators: dict[int, _Authenticator] = {}
+_authenticators_lock = threading.Lock()
+
+
+def _authenticator(context: zmq.Context) -> _Authenticator:
+    with _authenticators_lock:
+        if context.underlying not in _authenticators:
+            _authenticators[context.underlying] = _Authenticator(context)
+        return _authenticators[context.underlying]
+
+
+# -- what libzmq refused, read from socket monitors on one thread --
+
+_EVENT_REASONS = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "unauthenticated",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "bad_handshake",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "bad_handshake",
+    zmq.EVENT_DISCONNECTED: "dropped_connection",
+}
+
+
+class _Monitor:
+    """A daemon thread reading the monitor PAIR of every bound socket; a socket's closing ends its monitor."""
+
+    def __init__(self):
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._added: list[tuple[zmq.Socket, str]] = []
+        self._thread: threading.Thread | None = None
+
+    def watch(self, sock: zmq.Socket, kind: str) -> None:
+        endpoint = f"inproc://tandem-monitor-{os.getpid()}-{next(self._ids)}"
+        events = 0
+        for event in _EVENT_REASONS:
+            events |= event
+        sock.monitor(endpoint, events)
+        pair = zmq.Context.shadow(sock.context.underlying).socket(zmq.PAIR)
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.connect(endpoint)
+        with self._lock:
+            self._added.append((pair, kind))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="zmq-monitor", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        poller, kinds = zmq.Poller(), {}
+        while True:
+            with self._lock:
+                added, self._added = self._added, []
+            for pair, kind in added:
+                poller.register(pair, zmq.POLLIN)
+                kinds[pair] = kind
+            for pair, _ in poller.poll(100):
+                event = recv_monitor_message(pair)
+                if event["event"] == zmq.EVENT_MONITOR_STOPPED:
+                    poller.unregister(pair)
+                    kinds.pop(pair)
+                    pair.close()
+                elif event["event"] in _EVENT_REASONS:
+                    refuse(kinds[pair], _EVENT_REASONS[event["event"]], event["endpoint"].decode(errors="replace"))
+
+
+_MONITOR = _Monitor()

@@ -1,0 +1,173 @@
+"""A served cluster with every guard on (API key, cluster key, body limit): hostile traffic on its
+internal sockets is refused and counted, and it still answers like transformers; a flood of 500
+concurrent streams against its 1 prefill + 1 decode pool each completes or gets 429, none hangs,
+the router's memory stays put and every block comes back; schemathesis fuzzes its served OpenAPI
+document: no 5xx, every 4xx an OpenAI-format error.
+
+The router runs in this process (its counters are read directly and on /metrics); the decode
+worker's counters and socket addresses are read inside its Ray actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import types
+
+import openai
+import psutil
+import pytest
+import schemathesis
+from schemathesis import GenerationMode
+import zmq
+from hypothesis import HealthCheck, given, settings
+
+from engine import EngineArgs
+from kvtransfer.socket_security import SMALL_MESSAGE_BYTES, ClusterKey, refusals
+from router.config import RouterConfig
+from tests.conftest import hf_greedy
+from tests.e2e.harness import wait_for
+from tests.e2e.router_cluster import CHAT_TEMPLATE, router_on_ray
+from tests.kvtransfer.hostile import close_all, delta, send_hostile, wait_refused
+
+MODEL = "tiny-llama"
+MAX_IN_FLIGHT = 8
+FLOOD = 500
+FUZZ_EXAMPLES = 50  # per operation: the whole fuzz run stays well under a minute
+API_KEY = "sk-e2e-security"
+CLUSTER_KEY = ClusterKey.generate()
+
+
+@pytest.fixture(scope="module")
+def served(ray_session, tiny_model_dirs):
+    model_dir = tiny_model_dirs["llama"]
+    args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256)
+    config = RouterConfig(model_dir, MODEL, max_model_len=256, chat_template=CHAT_TEMPLATE, max_in_flight=MAX_IN_FLIGHT,
+                          api_key=API_KEY, cluster_key=CLUSTER_KEY, max_request_body_bytes=256 * 1024)  # fmt: skip
+    with router_on_ray(ray_session, args, config) as stack:
+        client = openai.OpenAI(base_url=f"{stack.server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+        yield types.SimpleNamespace(client=client, model_dir=model_dir, ray=ray_session, **vars(stack))
+
+
+def _in_decode_worker(s, fn):
+    """`fn(decode worker)` on the decode actor's step-loop thread."""
+    return s.ray.get(s.actors[1].__ray_call__.remote(lambda actor: actor.loop.call(fn)))
+
+
+def _decode_refusals(s) -> dict:
+    return s.ray.get(s.actors[1].__ray_call__.remote(lambda actor: refusals()))
+
+
+def test_internal_sockets_refuse_hostile_traffic_and_the_cluster_still_serves(served):
+    s = served
+    kv_address, inbox_address = _in_decode_worker(s, lambda w: (w.receiver.address, w.inbox.address))
+    stream_address = s.app.state.router.dispatcher.stream.address
+    oversized = SMALL_MESSAGE_BYTES + 1  # over every limit here (the tiny model's KV cache layers are smaller)
+    router_before, worker_before = refusals(), _decode_refusals(s)
+    clients = send_hostile(stream_address, CLUSTER_KEY, oversized)
+    clients += send_hostile(kv_address, CLUSTER_KEY, oversized, zmq.DEALER)
+    clients += send_hostile(inbox_address, CLUSTER_KEY, oversized)
+    wait_refused(refusals, router_before, "token_stream")
+    for kind in ("kv", "inbox"):
+        wait_refused(lambda: _decode_refusals(s), worker_before, kind)
+
+    prompt = [1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61, 65, 69]  # over a block: KV travels
+    out = s.client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=8,
+                                      extra_body={"ignore_eos": True})  # fmt: skip
+    assert s.app.state.router.registry.live("decode") and out.choices[0].finish_reason == "length"
+    assert out.choices[0].text == _greedy_text(s, prompt)
+    assert delta(refusals(), router_before, "token_stream")["malformed"] == 1  # the oversized frame was never read
+    assert all(delta(_decode_refusals(s), worker_before, kind)["malformed"] == 1 for kind in ("kv", "inbox"))
+    metrics = _metrics(s)
+    assert 'tandem:internal_messages_refused_total{reason="unauthenticated",socket="token_stream"}' in metrics
+    close_all(clients)
+
+
+def test_a_flood_of_streams_each_completes_or_gets_429_and_memory_stays_bounded(served):
+    s = served
+    _flood(s, FLOOD)  # warm up: the router's buffers and caches reach their working size (~40 MiB, once)
+    rss_before = psutil.Process().memory_info().rss
+    completed, refused = _flood(s, FLOOD)
+    rss_growth = psutil.Process().memory_info().rss - rss_before
+    print(f"flood of {FLOOD}: {completed} completed, {refused} got 429, router RSS grew {rss_growth >> 20} MiB")
+    assert completed + refused == FLOOD and completed >= MAX_IN_FLIGHT and refused > 0
+    # A request refused or finished leaves nothing behind: no admission, no open per-request queue.
+    state = s.app.state.router
+    assert state.runner.admission.in_use == 0 and not state.dispatcher.stream._requests
+    assert rss_growth < 32 << 20, f"the router grew by {rss_growth >> 20} MiB over {FLOOD} requests"
+    wait_for(lambda: all(s.ray.get([a.is_idle.remote() for a in s.actors])), "the workers to go idle")
+    assert s.ray.get([a.pool_all_free.remote() for a in s.actors]) == [True, True]
+
+
+def _flood(s, count: int) -> tuple[int, int]:
+    """`count` concurrent streaming completions; (completed, refused with 429). Anything else fails the test,
+    and so does any stream still open after the deadline (a hang)."""
+    client = openai.AsyncOpenAI(base_url=str(s.client.base_url), api_key=API_KEY, max_retries=0, timeout=120)
+
+    async def one(i: int) -> str:
+        try:
+            stream = await client.completions.create(model=MODEL, prompt=f"request {i}", max_tokens=4, stream=True,
+                                                     temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+            reasons = [chunk.choices[0].finish_reason async for chunk in stream if chunk.choices]
+            assert reasons[-1] == "length", reasons
+            return "completed"
+        except openai.RateLimitError as err:
+            assert err.response.headers["retry-after"] == "1" and err.code == "too_many_requests"
+            return "refused"
+
+    async def all_of_them():
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(count))), 300)
+        finally:
+            await client.close()
+
+    outcomes = asyncio.run(all_of_them())
+    return outcomes.count("completed"), outcomes.count("refused")
+
+
+def _greedy_text(s, prompt_ids) -> str:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(s.model_dir).decode(hf_greedy(s.model_dir, prompt_ids, 8),
+                                                              skip_special_tokens=True)  # fmt: skip
+
+
+def _metrics(s) -> str:
+    import httpx
+
+    return httpx.get(f"{s.server.url}/metrics").text
+
+
+def test_fuzzed_requests_never_get_a_5xx_and_every_4xx_is_an_openai_error(served):
+    """schemathesis generates requests (valid and invalid) for each operation of the served OpenAPI document."""
+    schema = schemathesis.openapi.from_url(f"{served.server.url}/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {op.path for op in operations} >= {"/v1/completions", "/v1/chat/completions", "/v1/models"}
+    statuses = collections.Counter()
+    for operation in operations:
+        modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if operation.body else (GenerationMode.POSITIVE,)
+        for mode in modes:  # valid requests, then invalid ones (where there is a body to get wrong)
+            _fuzz(operation, mode, statuses)
+    print(f"fuzz: {sorted(statuses.items())}")
+    assert statuses[200] and statuses[400]  # both kinds reached the server and its handlers
+
+
+def _served_model(case):
+    """Valid requests name the served model (a random name only ever meets the 404 of an unknown model)."""
+    if isinstance(case.body, dict) and "model" in case.body and case.body.get("model") != MODEL:
+        case.body["model"] = MODEL if len(str(case.body)) % 4 else case.body["model"]  # a quarter keep theirs
+    return case
+
+
+def _fuzz(operation, mode: GenerationMode, statuses: collections.Counter) -> None:
+    @given(operation.as_strategy(generation_mode=mode).map(_served_model))
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def check(case):
+        response = case.call(headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
+        statuses[response.status_code] += 1
+        assert response.status_code < 500, f"{case.method} {case.path} {case.body!r}: {response.text[:500]}"
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+
+    check()

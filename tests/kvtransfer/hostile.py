@@ -1,0 +1,88 @@
+"""Hostile traffic for an internal socket: what the security tests throw at each socket kind.
+
+    clients = send_hostile(address, key, oversized_bytes, zmq.PUSH)   # then poll the receiver a while
+    wait_refused(refusals, before, kind)                               # every kind of refusal was counted
+    close_all(clients)
+
+Each attack is something a stranger on the network, or a buggy peer, could send:
+bytes that are no msgpack, a well-formed message of a type the socket never
+takes, a frame over the size limit (these three from a client holding the key,
+so they reach the receive loop or the size check), a CURVE client with a key
+of its own, a client without CURVE, and raw bytes that are not ZMTP at all.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import zmq
+
+from kvtransfer.codec import encode
+from kvtransfer.protocol import Refused
+from kvtransfer.socket_security import ClusterKey, connect_secured
+
+# Each reason a refusal counter must show after `send_hostile` (see `socket_security.refusals`).
+EXPECTED_REASONS = ("malformed", "wrong_type", "dropped_connection", "unauthenticated", "bad_handshake")
+NOT_MSGPACK = b"\xc1" + os.urandom(63)  # 0xc1 is never used by msgpack: undecodable whatever follows
+WRONG_TYPE = encode(Refused("a message no bound socket takes"))
+
+
+def send_hostile(address: str, key: ClusterKey, oversized_bytes: int, sock_type: int = zmq.PUSH) -> list:
+    """Send every attack to `address`; return the clients, to close once the counters were read
+    (a client still open shows that the dropped connection was the receiver's doing)."""
+    ctx = zmq.Context.instance()
+    clients = []
+
+    def client(key_for_curve: ClusterKey | None, server_key: ClusterKey | None = key) -> zmq.Socket:
+        sock = ctx.socket(sock_type)
+        sock.setsockopt(zmq.LINGER, 0)
+        if key_for_curve is not None:
+            sock.setsockopt(zmq.CURVE_SERVERKEY, server_key.public.encode())
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, key_for_curve.public.encode())
+            sock.setsockopt(zmq.CURVE_SECRETKEY, key_for_curve.secret.encode())
+        sock.connect(address)
+        clients.append(sock)
+        return sock
+
+    insider = ctx.socket(sock_type)
+    insider.setsockopt(zmq.LINGER, 0)
+    connect_secured(insider, address, key=key)
+    clients.append(insider)
+    insider.send(NOT_MSGPACK)
+    insider.send(WRONG_TYPE)
+    oversized = ctx.socket(sock_type)  # its own connection: the receiver drops it, not the insider's
+    oversized.setsockopt(zmq.LINGER, 0)
+    connect_secured(oversized, address, key=key)
+    clients.append(oversized)
+    oversized.send(b"\x00" * oversized_bytes)
+    client(ClusterKey.generate()).send(WRONG_TYPE)  # CURVE, but not the cluster's key
+    client(None).send(WRONG_TYPE)  # no CURVE at all
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    raw = socket.create_connection((host, int(port)))
+    raw.sendall(os.urandom(4096))
+    clients.append(raw)
+    return clients
+
+
+def delta(refusals: dict, before: dict, kind: str) -> dict[str, int]:
+    return {reason: refusals.get((kind, reason), 0) - before.get((kind, reason), 0) for reason in EXPECTED_REASONS}
+
+
+def wait_refused(read_refusals, before: dict, kind: str, poll=lambda: None, timeout_s: float = 30.0) -> dict:
+    """Call `poll` (drive the receive loop) until every expected reason was counted on `kind`; return the counts."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = delta(read_refusals(), before, kind)
+        if all(counts.values()):
+            return counts
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{kind}: not every attack was refused and counted: {counts}")
+        poll()
+        time.sleep(0.01)
+
+
+def close_all(clients: list) -> None:
+    for client in clients:
+        client.close()

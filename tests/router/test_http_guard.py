@@ -1,0 +1,103 @@
+"""The HTTP front door of a real router (uvicorn on loopback, no workers): API key, body limit, error text.
+
+With no worker registered, a request that gets past the guard is answered 503
+(no live worker): that status is how these tests see the guard let it through.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import openai
+import pytest
+
+from cluster.admin import install_admin_routes
+from cluster.cli import AdminError, _admin
+from router.app import create_app
+from router.config import RouterConfig
+from router.errors import from_dispatch
+from router.server import RouterServer
+
+KEY = "sk-test-key"
+BODY_LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def router(tiny_model_dirs):
+    config = RouterConfig(tiny_model_dirs["llama"], "tiny", api_key=KEY, max_request_body_bytes=BODY_LIMIT)
+    app = create_app(config)
+    install_admin_routes(app)  # with no controller behind them: a call past the guard fails inside
+    server = RouterServer(app)
+    yield server
+    server.stop()
+
+
+def _is_openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_openai_client_needs_the_key(router):
+    good = openai.OpenAI(base_url=f"{router.url}/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in good.models.list()] == ["tiny"]
+    bad = openai.OpenAI(base_url=f"{router.url}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as err:
+        bad.models.list()
+    assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model="tiny", prompt="hi", max_tokens=1)
+    with pytest.raises(openai.APIStatusError) as err:  # past the guard: refused for want of a worker, not the key
+        good.completions.create(model="tiny", prompt="hi", max_tokens=1)
+    assert err.value.status_code == 503
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer"}, {"Authorization": f"Basic {KEY}"},
+                                     {"Authorization": f"Bearer {KEY}x"}])  # fmt: skip
+def test_every_v1_and_admin_path_refuses_without_the_key(router, headers):
+    with httpx.Client(base_url=router.url, headers=headers) as http:
+        for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/v1/nope"),
+                             ("GET", "/admin/status"), ("POST", "/admin/scale")):  # fmt: skip
+            error = _is_openai_error(http.request(method, path, json={}), 401)
+            assert error["code"] == "invalid_api_key"
+
+
+def test_health_and_metrics_stay_open(router):
+    with httpx.Client(base_url=router.url) as http:
+        assert http.get("/health").status_code == 503  # open, and honest: no worker yet
+        metrics = http.get("/metrics")
+        assert metrics.status_code == 200 and 'status="401"' in metrics.text
+
+
+def test_a_body_over_the_limit_gets_413(router):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    big = {"model": "tiny", "prompt": "x" * BODY_LIMIT}
+    with httpx.Client(base_url=router.url, headers=auth) as http:
+        assert _is_openai_error(http.post("/v1/completions", json=big), 413)["code"] == "request_too_large"
+
+        def chunked():  # no Content-Length: the guard counts what arrives
+            for _ in range(BODY_LIMIT // 1024 + 1):
+                yield b" " * 1024
+
+        assert _is_openai_error(http.post("/v1/completions", content=chunked()), 413)["code"] == "request_too_large"
+        small = {"model": "tiny", "prompt": "x" * 100, "max_tokens": 1}
+        assert http.post("/v1/completions", json=small).status_code == 503  # under the limit: through
+
+
+def test_an_internal_failure_shows_an_error_id_and_no_internals(caplog):
+    secret = "Traceback (most recent call last):\n  File 'engine/x.py', line 3\nKeyError: 'kv_cache'"
+    with caplog.at_level(logging.ERROR, logger="tandem.router"):
+        error = from_dispatch(KeyError(secret))
+    assert error.status == 500 and "kv_cache" not in error.message and "Traceback" not in error.message
+    error_id = error.message.rsplit("error id ", 1)[1].rstrip(")")
+    assert any(error_id in r.getMessage() and "kv_cache" in r.getMessage() for r in caplog.records)
+
+
+def test_tandem_status_sends_the_key_and_a_500_hides_the_internals(router):
+    with pytest.raises(AdminError, match="HTTP 401"):
+        _admin(router.url, "/admin/status")
+    with pytest.raises(AdminError, match="HTTP 500") as err:  # let in; the missing controller fails inside
+        _admin(router.url, "/admin/status", api_key=KEY)
+    assert "error id" in str(err.value) and "controller" not in str(err.value) and "Attribute" not in str(err.value)
