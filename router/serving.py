@@ -110,7 +110,7 @@ class RunningRequest:
                     chunk.final = _stopped_at_splice(choice)  # the engine saw only the resumed part
                 if chunk.final is not None:
                     if chunk.final.finish_reason == "abort":
-                        raise internal_error("generation failed on a worker", chunk.final.error or "aborted",
+                        raise internal_error(_public_cause(chunk.final.error), chunk.final.error or "aborted",
                                              code="worker_error")  # fmt: skip
                     text += choice.text.finish()
                     choice.final = chunk.final
@@ -186,3 +186,13 @@ class RequestRunner:
 
     def _text_stream(self, prompt: list[int], s: SamplingSpec) -> TextStream:
         return self.model.text_stream(prompt, s.stop, s.include_stop_str_in_output, s.skip_special_tokens, s.min_tokens)
+
+
+# Worker errors whose kind the client may know (with `kv_transfer_failure: fail`, its request's KV
+# transfer or prefill failed); the worker's own words (addresses, internals) go to the log only.
+_PUBLIC_CAUSES = {"KV transfer": "its KV transfer failed", "prefill failed": "its prefill failed"}
+
+
+def _public_cause(error: str | None) -> str:
+    cause = next((public for prefix, public in _PUBLIC_CAUSES.items() if (error or "").startswith(prefix)), None)
+    return f"generation failed on a worker: {cause}" if cause else "generation failed on a worker"
