@@ -26,6 +26,8 @@ from kvtransfer.handoff import AsyncEncodedCalls
 from prefill_worker.actor import PrefillActor, PrefillFollowerActor
 from prefill_worker.worker import PrefillWorkerConfig
 
+COLOCATED_THRESHOLD = 1 << 62  # more uncached tokens than any prompt has: prefill everything locally
+
 
 def engine_args_for(spec: ClusterSpec, role: str) -> EngineArgs:
     pool = spec.pool(role)  # EngineSpec's fields are EngineArgs' names
@@ -136,12 +138,17 @@ def _actor_classes(spec: ClusterSpec, role: str) -> tuple[type, type]:
     return DecodeActor, DecodeFollowerActor
 
 
+def decode_config(spec: ClusterSpec, name: str) -> DecodeWorkerConfig:
+    """With no prefill pool (colocated mode; the router sends no prefill worker) every prompt is prefilled here."""
+    return DecodeWorkerConfig(name, local_prefill_threshold=COLOCATED_THRESHOLD if spec.prefill.replicas == 0 else 0)
+
+
 def launch(spec: ClusterSpec, role: str, name: str) -> PoolWorker:
     """Start one worker of `role`'s pool named `name`, placed as its pool says (TP=1: returns at once)."""
     import ray
 
     pool, args = spec.pool(role), engine_args_for(spec, role)
-    config = PrefillWorkerConfig(name) if role == "prefill" else DecodeWorkerConfig(name)
+    config = PrefillWorkerConfig(name) if role == "prefill" else decode_config(spec, name)
     rank0_cls, follower_cls = _actor_classes(spec, role)
     if pool.tensor_parallel_size == 1:
         options = {"num_cpus": 0, **placement_options(pool)}

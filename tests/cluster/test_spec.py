@@ -6,7 +6,7 @@ import pytest
 
 from cluster.cli import main, parse_args, spec_from_args
 from cluster.spec import ClusterSpec, SpecError, load_spec, parse_spec, with_overrides
-from cluster.workers import engine_args_for, placement_options
+from cluster.workers import COLOCATED_THRESHOLD, decode_config, engine_args_for, placement_options
 
 HETEROGENEOUS = """
 model: /models/tiny
@@ -84,6 +84,13 @@ def test_flags_override_the_file(tmp_path):
     assert (spec.prefill.replicas, spec.decode.replicas, spec.decode.tensor_parallel_size) == (2, 3, 1)
     assert (spec.router.port, spec.engine.enable_prefix_caching, spec.prefill.resources) == (9000, False, {"gpu_a": 1})
     assert with_overrides(ClusterSpec(), {"prefill.replicas": 0}).prefill.replicas == 0
+
+
+def test_no_prefill_pool_is_colocated_mode_and_torch_threads_reach_both_pools():
+    spec = spec_from_args(parse_args(["serve", "--num-prefill", "0", "--num-decode", "2", "--torch-threads", "2"]))
+    assert (spec.prefill.torch_threads, spec.decode.torch_threads) == (2, 2)
+    assert decode_config(spec, "d0").local_prefill_threshold == COLOCATED_THRESHOLD  # decode prefills every prompt
+    assert decode_config(ClusterSpec(), "d0").local_prefill_threshold == 0  # a prefill pool prefills them all
 
 
 def test_the_cli_reports_a_bad_flag_without_a_traceback(capsys):
