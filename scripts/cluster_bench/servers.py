@@ -1,0 +1,121 @@
+"""The servers bench_cluster.py measures, one at a time: a Tandem deployment on local Ray, or vLLM's CPU build.
+
+Both are context managers yielding the base URL; leaving the block stops the
+server (Tandem: workers and router; vLLM: its whole process group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from .sweeps import Config
+
+
+@contextlib.contextmanager
+def tandem_server(config: Config, model: str | None, engine: dict, served_model_name: str):
+    """A `Deployment` (router on a thread of this process, workers as Ray actors) of `config`.
+
+    Ray must be up (cluster.deployment.connect_ray)."""
+    from cluster.deployment import Deployment
+    from cluster.spec import parse_spec
+
+    pool = {"torch_threads": config.torch_threads}
+    spec = parse_spec({
+        "model": model, "engine": engine,
+        "router": {"port": 0, "routing_policy": config.routing_policy, "served_model_name": served_model_name},
+        "prefill": {"replicas": config.num_prefill, **pool}, "decode": {"replicas": config.num_decode, **pool},
+    })  # fmt: skip
+    deployment = Deployment(spec)
+    try:
+        deployment.start()
+        yield deployment.url
+    finally:
+        deployment.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_command(python: str, model_dir: str, served_model_name: str, port: int, engine: dict) -> list[str]:
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name",
+            served_model_name, "--dtype", "float32", "--max-model-len", str(engine["max_model_len"]),
+            "--max-num-batched-tokens", str(engine["max_num_batched_tokens"]), "--max-num-seqs",
+            str(engine["max_num_seqs"]), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+
+
+def vllm_env(python: str, threads: int) -> dict[str, str]:
+    """vLLM CPU's settings: 4 GiB KV cache, OpenMP bound to the first `threads` cores, Intel OpenMP preloaded."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # fmt: skip
+    env.pop("PYTHONPATH", None)  # Tandem's tree must not shadow vLLM's own packages
+    iomp = Path(python).resolve().parent.parent / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    return env
+
+
+@contextlib.contextmanager
+def vllm_server(python: str, model_dir: str, served_model_name: str, engine: dict, threads: int, log_path: Path,
+                start_timeout_s: float = 600.0):  # fmt: skip
+    port = free_port()
+    cmd = vllm_command(python, model_dir, served_model_name, port, engine)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=vllm_env(python, threads), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not _healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM did not start (see {log_path}): {' '.join(cmd)}")
+            time.sleep(1)
+        yield url
+    finally:
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+# Tandem's router and vLLM both count prompt tokens looked up in / found in the prefix cache.
+_COUNTER = re.compile(r"^(?:tandem|vllm):prefix_cache_(hits|queries)_total(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
+
+
+def prefix_cache_counts(url: str) -> dict[str, float] | None:
+    """Prompt tokens looked up / found in prefix caches so far, from the server's /metrics (None: not exposed)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    counts: dict[str, float] = {}
+    for name, value in _COUNTER.findall(text):  # summed over label sets (vLLM: one per engine)
+        counts[name] = counts.get(name, 0.0) + float(value)
+    return counts if len(counts) == 2 else None
