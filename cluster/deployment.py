@@ -50,6 +50,7 @@ def router_config(spec: ClusterSpec):
         routing_options=(("block_size", spec.engine.block_size),) if r.routing_policy == "cache_aware" else (),
         colocated=spec.prefill.replicas == 0,
         max_in_flight=r.max_in_flight,
+        worker_call_timeout_s=spec.health.timeout_s,  # the router's load() polls are heartbeats too
         stream_address=f"tcp://{_data_host(spec)}:0",
     )
 

@@ -111,3 +111,10 @@ def test_joining_a_ray_cluster_binds_the_data_plane_on_node_addresses_unless_the
     path = tmp_path / "spec.yaml"
     path.write_text("data_plane: loopback\n")
     assert spec_from_args(parse_args(["serve", "--config", str(path), "--address", "auto"])).data_plane == "loopback"
+
+
+def test_the_routers_load_polls_give_up_on_a_worker_after_the_specs_heartbeat_timeout(tiny_model_dirs):
+    from cluster.deployment import router_config
+
+    spec = parse_spec({"model": tiny_model_dirs["llama"], "health": {"timeout_s": 42}})
+    assert router_config(spec).worker_call_timeout_s == 42  # not the router's own 10 s default
