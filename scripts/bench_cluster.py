@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository's packages (cluster, engine, router) for the Tandem servers
 sys.path.insert(0, str(ROOT / "scripts"))
 from cluster_bench import report  # noqa: E402
-from cluster_bench.servers import prefix_cache_counts, tandem_server, vllm_server  # noqa: E402
-from cluster_bench.sweeps import FULL, QUICK, Sweep, deployments, sweeps  # noqa: E402
+from cluster_bench.servers import hit_rate_between, scrape_metrics, tandem_server, vllm_server  # noqa: E402
+from cluster_bench.sweeps import FULL, QUICK, Sweep, deployments, scaled, sweeps  # noqa: E402
 
 WARMUP = ("--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "4", "--num-prompts", "2",
           "--seed", "99")  # fmt: skip
@@ -42,6 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", help="model directory or .gguf (default: the default model, SmolLM2-135M-Instruct)")
     p.add_argument("--quick", action="store_true", help="tiny loads (a smoke run: seconds with a tiny model)")
     p.add_argument("--sweeps", default="mixed,routing,ratio", help="comma-separated of mixed, routing, ratio")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every request rate (busy machine: < 1)")
     p.add_argument("--with-vllm", action="store_true", help="also run every load against vLLM's CPU build")
     p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python", help="python of vLLM's virtualenv")
     p.add_argument("--vllm-threads", type=int, default=2, help="cores vLLM's OpenMP binds (0..n-1)")
@@ -66,7 +67,7 @@ def engine_knobs(args) -> dict:
 
 def bench(url: str, model: str, tokenizer: str, flags, out_dir: Path, name: str, label: str) -> dict:
     """One bench_serving.py run (its own process: the router's thread keeps this one's GIL) -> its result + hit rate."""
-    before = prefix_cache_counts(url)
+    before = scrape_metrics(url)
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_serving.py"), "--base-url", url, "--model", model,
            "--tokenizer", tokenizer, "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--metric-percentiles", "50,99", "--save-result", "--save-detailed", "--plot", "--result-dir", str(out_dir),
@@ -75,10 +76,7 @@ def bench(url: str, model: str, tokenizer: str, flags, out_dir: Path, name: str,
     if done.returncode != 0:
         raise RuntimeError(f"bench_serving failed against {label}:\n{done.stderr[-3000:]}")
     result = json.loads((out_dir / f"{name}.json").read_text())
-    after = prefix_cache_counts(url)
-    result["prefix_hit_rate"] = None
-    if before is not None and after is not None and after["queries"] > before["queries"]:
-        result["prefix_hit_rate"] = (after["hits"] - before["hits"]) / (after["queries"] - before["queries"])
+    result["prefix_hit_rate"] = hit_rate_between(before, scrape_metrics(url))
     return result
 
 
@@ -102,7 +100,7 @@ def main(argv=None) -> dict:
 
     started = time.monotonic()
     args.model_dir, args.served_name = str(resolve_model(args.model)), model_display_name(args.model)
-    chosen = sweeps(QUICK if args.quick else FULL, args.sweep_names)
+    chosen = sweeps(scaled(QUICK if args.quick else FULL, args.rate_scale), args.sweep_names)
     out_dir = Path(args.result_dir or f"bench_results/cluster-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     out_dir.mkdir(parents=True, exist_ok=True)
     load_before, engine = _uptime(), engine_knobs(args)
@@ -149,7 +147,9 @@ def _header(args, argv, load_before: str, elapsed: float) -> list[str]:
             f"Model: {args.served_name} (`{args.model_dir}`), float32. Tandem: one Ray actor per worker, "
             "each with its own torch threads as the configuration says, router in the benchmark's process; "
             "each load is its own bench_serving.py process. Prefix hit rate: prompt tokens found in a prefix "
-            "cache over those looked up, from the server's /metrics (Tandem: the router's tandem: counters)."]  # fmt: skip
+            "cache over those looked up, from the server's /metrics: vLLM's counters over the run; for Tandem the "
+            "mean of the prefill workers' own rates (`tandem:worker_prefix_cache_hit_rate`; the decode workers' "
+            "when colocated) since they started, so a configuration's second load includes its first."]  # fmt: skip
 
 
 def _cpu() -> str:

@@ -109,18 +109,44 @@ def _healthy(url: str) -> bool:
         return False
 
 
-# Tandem's router and vLLM both count prompt tokens looked up in / found in the prefix cache.
-_COUNTER = re.compile(r"^(?:tandem|vllm):prefix_cache_(hits|queries)_total(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
+# vLLM counts prompt tokens looked up in / found in its prefix cache; Tandem's router shows each worker's own
+# hit rate (its router counters hold the decode side's hits, the blocks a decode worker did not need sent).
+_VLLM_COUNTER = re.compile(r"^vllm:prefix_cache_(hits|queries)_total(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
+_WORKER_RATE = re.compile(r'^tandem:worker_prefix_cache_hit_rate\{([^}]*)\} ([0-9.e+-]+)$', re.M)
 
 
-def prefix_cache_counts(url: str) -> dict[str, float] | None:
-    """Prompt tokens looked up / found in prefix caches so far, from the server's /metrics (None: not exposed)."""
+def scrape_metrics(url: str) -> str:
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-            text = response.read().decode()
+            return response.read().decode()
     except OSError:
-        return None
+        return ""
+
+
+def vllm_cache_counts(text: str) -> dict[str, float] | None:
+    """vLLM's prompt tokens looked up / found in its prefix cache so far, summed over engines (None: not vLLM)."""
     counts: dict[str, float] = {}
-    for name, value in _COUNTER.findall(text):  # summed over label sets (vLLM: one per engine)
+    for name, value in _VLLM_COUNTER.findall(text):
         counts[name] = counts.get(name, 0.0) + float(value)
     return counts if len(counts) == 2 else None
+
+
+def tandem_hit_rate(text: str) -> float | None:
+    """The mean of the prefill workers' own prefix-cache hit rates since they started (the decode workers'
+    with no prefill pool); None if the text has none (not a Tandem router)."""
+    rates: dict[str, list[float]] = {"prefill": [], "decode": []}
+    for labels, value in _WORKER_RATE.findall(text):
+        role = re.search(r'role="(\w+)"', labels)
+        if role and role.group(1) in rates:
+            rates[role.group(1)].append(float(value))
+    chosen = rates["prefill"] or rates["decode"]
+    return sum(chosen) / len(chosen) if chosen else None
+
+
+def hit_rate_between(before: str, after: str) -> float | None:
+    """The prefix-cache hit rate of what ran between two /metrics scrapes (Tandem: see tandem_hit_rate)."""
+    old, new = vllm_cache_counts(before), vllm_cache_counts(after)
+    if old is not None and new is not None:
+        queries = new["queries"] - old["queries"]
+        return (new["hits"] - old["hits"]) / queries if queries > 0 else None
+    return tandem_hit_rate(after)

@@ -7,6 +7,7 @@ started once and run every workload asked of them (`deployments`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -68,9 +69,11 @@ class Sizes:
     ratio_rate: float
 
 
-FULL = Sizes(mixed_prompts=24, mixed_input=768, mixed_output=128, mixed_rate=0.5, slo_ttft_ms=8000, slo_tpot_ms=120,
-             prefix_prompts=48, prefix_groups=12, prefix_len=1024, question_len=32, prefix_output=16, prefix_rate=2.0,
-             ratio_prompts=24, ratio_input=384, ratio_output=96, ratio_rate=1.0)  # fmt: skip
+# Rates for a quiet 2-core machine: one torch thread prefills ~450 SmolLM2 tokens/s, so the single prefill
+# worker of 1P+1D runs ~60% busy on the mixed load and each colocated worker spends ~30% of its time prefilling.
+FULL = Sizes(mixed_prompts=16, mixed_input=1024, mixed_output=128, mixed_rate=0.25, slo_ttft_ms=10000,
+             slo_tpot_ms=100, prefix_prompts=48, prefix_groups=12, prefix_len=1024, question_len=32, prefix_output=16,
+             prefix_rate=2.0, ratio_prompts=24, ratio_input=384, ratio_output=96, ratio_rate=1.0)  # fmt: skip
 QUICK = Sizes(mixed_prompts=4, mixed_input=48, mixed_output=8, mixed_rate=8.0, slo_ttft_ms=60000, slo_tpot_ms=60000,
               prefix_prompts=4, prefix_groups=2, prefix_len=32, question_len=8, prefix_output=4, prefix_rate=8.0,
               ratio_prompts=4, ratio_input=32, ratio_output=8, ratio_rate=8.0)  # fmt: skip
@@ -79,10 +82,16 @@ DISAGGREGATED = Config(1, 1)
 COLOCATED = Config(0, 2)
 
 
+def scaled(s: Sizes, rate_scale: float) -> Sizes:
+    """Every request rate times `rate_scale` (a slower or busier machine: < 1)."""
+    return dataclasses.replace(s, mixed_rate=s.mixed_rate * rate_scale, prefix_rate=s.prefix_rate * rate_scale,
+                               ratio_rate=s.ratio_rate * rate_scale)  # fmt: skip
+
+
 def sweeps(s: Sizes, only: tuple[str, ...] = ()) -> list[Sweep]:
     mixed = Workload(
         "mixed", f"random, {s.mixed_input} ±50% in / {s.mixed_output} ±50% out, {s.mixed_prompts} prompts, "
-        f"Poisson {s.mixed_rate} req/s; SLO TTFT {s.slo_ttft_ms} ms, TPOT {s.slo_tpot_ms} ms",
+        f"Poisson {s.mixed_rate:g} req/s; SLO TTFT {s.slo_ttft_ms} ms, TPOT {s.slo_tpot_ms} ms",
         ("--dataset-name", "random", "--random-input-len", str(s.mixed_input), "--random-output-len",
          str(s.mixed_output), "--random-range-ratio", "0.5", "--num-prompts", str(s.mixed_prompts),
          "--request-rate", str(s.mixed_rate), "--seed", "11", "--goodput", f"ttft:{s.slo_ttft_ms}",
@@ -90,14 +99,14 @@ def sweeps(s: Sizes, only: tuple[str, ...] = ()) -> list[Sweep]:
     prefix = Workload(
         "shared_prefix", f"prefix-repetition, {s.prefix_groups} system prompts of {s.prefix_len} tokens, "
         f"{s.prefix_prompts // s.prefix_groups} {s.question_len}-token questions each, {s.prefix_output} out, "
-        f"Poisson {s.prefix_rate} req/s",
+        f"Poisson {s.prefix_rate:g} req/s",
         ("--dataset-name", "prefix-repetition", "--prefix-repetition-num-prefixes", str(s.prefix_groups),
          "--prefix-repetition-prefix-len", str(s.prefix_len), "--prefix-repetition-suffix-len", str(s.question_len),
          "--prefix-repetition-output-len", str(s.prefix_output), "--num-prompts", str(s.prefix_prompts),
          "--request-rate", str(s.prefix_rate), "--seed", "12"))  # fmt: skip
     ratio = Workload(
         "ratio", f"random, {s.ratio_input} in / {s.ratio_output} out, {s.ratio_prompts} prompts, "
-        f"Poisson {s.ratio_rate} req/s; SLO TTFT {s.slo_ttft_ms} ms, TPOT {s.slo_tpot_ms} ms",
+        f"Poisson {s.ratio_rate:g} req/s; SLO TTFT {s.slo_ttft_ms} ms, TPOT {s.slo_tpot_ms} ms",
         ("--dataset-name", "random", "--random-input-len", str(s.ratio_input), "--random-output-len",
          str(s.ratio_output), "--num-prompts", str(s.ratio_prompts), "--request-rate", str(s.ratio_rate),
          "--seed", "13", "--goodput", f"ttft:{s.slo_ttft_ms}", f"tpot:{s.slo_tpot_ms}"))  # fmt: skip
