@@ -1,11 +1,12 @@
 """Cluster sweeps: start Tandem configurations one after another and run scripts/bench_serving.py against each.
 
-Three sweeps, one table each (plus vLLM's CPU build on the same model and loads with --with-vllm):
+Four sweeps, one table each (plus vLLM's CPU build on the same model and loads with --with-vllm):
   mixed    disaggregated (1 prefill + 1 decode) against colocated (2 decode workers prefilling their own
            prompts) on long prompts interleaved with long outputs: TPOT p99 and goodput under an SLO;
   routing  cache_aware / least_loaded / round_robin with 2 prefill workers on shared system prompts:
            the prefix-cache hit rate (the server's /metrics), TTFT mean and p99;
-  ratio    prefill:decode 1:1, 2:1, 1:2 at one request rate.
+  ratio    prefill:decode 1:1, 2:1, 1:2 at one request rate;
+  serving  16 short prompts at once on 1P+1D, one colocated worker with 2 threads, 2 colocated workers.
 
     python scripts/bench_cluster.py --with-vllm --markdown BENCHMARKS.md        # the full run (~15 min, 2 cores)
     python scripts/bench_cluster.py --quick --model DIR --sweeps mixed          # seconds: the test's run
@@ -41,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="model directory or .gguf (default: the default model, SmolLM2-135M-Instruct)")
     p.add_argument("--quick", action="store_true", help="tiny loads (a smoke run: seconds with a tiny model)")
-    p.add_argument("--sweeps", default="mixed,routing,ratio", help="comma-separated of mixed, routing, ratio")
+    p.add_argument("--sweeps", default="mixed,routing,ratio,serving", help="comma-separated of these four")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every request rate (busy machine: < 1)")
     p.add_argument("--with-vllm", action="store_true", help="also run every load against vLLM's CPU build")
     p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python", help="python of vLLM's virtualenv")

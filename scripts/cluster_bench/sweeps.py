@@ -67,6 +67,9 @@ class Sizes:
     ratio_input: int
     ratio_output: int
     ratio_rate: float
+    serving_prompts: int = 16
+    serving_input: int = 128
+    serving_output: int = 64
 
 
 # Rates for a quiet 2-core machine: one torch thread prefills ~450 SmolLM2 tokens/s, so the single prefill
@@ -76,7 +79,8 @@ FULL = Sizes(mixed_prompts=16, mixed_input=1024, mixed_output=128, mixed_rate=0.
              prefix_rate=2.0, ratio_prompts=24, ratio_input=384, ratio_output=96, ratio_rate=1.0)  # fmt: skip
 QUICK = Sizes(mixed_prompts=4, mixed_input=48, mixed_output=8, mixed_rate=8.0, slo_ttft_ms=60000, slo_tpot_ms=60000,
               prefix_prompts=4, prefix_groups=2, prefix_len=32, question_len=8, prefix_output=4, prefix_rate=8.0,
-              ratio_prompts=4, ratio_input=32, ratio_output=8, ratio_rate=8.0)  # fmt: skip
+              ratio_prompts=4, ratio_input=32, ratio_output=8, ratio_rate=8.0, serving_prompts=4, serving_input=32,
+              serving_output=8)  # fmt: skip
 
 DISAGGREGATED = Config(1, 1)
 COLOCATED = Config(0, 2)
@@ -110,6 +114,12 @@ def sweeps(s: Sizes, only: tuple[str, ...] = ()) -> list[Sweep]:
         ("--dataset-name", "random", "--random-input-len", str(s.ratio_input), "--random-output-len",
          str(s.ratio_output), "--num-prompts", str(s.ratio_prompts), "--request-rate", str(s.ratio_rate),
          "--seed", "13", "--goodput", f"ttft:{s.slo_ttft_ms}", f"tpot:{s.slo_tpot_ms}"))  # fmt: skip
+    serving = Workload(
+        "serving", f"random, {s.serving_input} in / {s.serving_output} out, {s.serving_prompts} prompts all at once "
+        f"(max concurrency {s.serving_prompts})",
+        ("--dataset-name", "random", "--random-input-len", str(s.serving_input), "--random-output-len",
+         str(s.serving_output), "--num-prompts", str(s.serving_prompts), "--max-concurrency", str(s.serving_prompts),
+         "--seed", "14"))  # fmt: skip
     policies = tuple(Config(2, 1, p) for p in ("cache_aware", "least_loaded", "round_robin"))
     every = [
         Sweep("mixed", "Disaggregated against colocated, equal workers and cores", mixed, (DISAGGREGATED, COLOCATED),
@@ -118,6 +128,8 @@ def sweeps(s: Sizes, only: tuple[str, ...] = ()) -> list[Sweep]:
         Sweep("routing", "Routing policies on a shared-prefix workload (2 prefill + 1 decode)", prefix, policies,
               (("mean_ttft_ms", policies[0].label, policies[2].label, "<=", 1 / 2),)),
         Sweep("ratio", "Prefill:decode ratio at a fixed request rate", ratio, (Config(1, 1), Config(2, 1), Config(1, 2))),
+        Sweep("serving", "Two cores, three ways (the serving gap to vLLM)", serving,
+              (DISAGGREGATED, Config(0, 1, torch_threads=2), COLOCATED)),
     ]
     return [s for s in every if not only or s.name in only]
 
