@@ -34,10 +34,6 @@ from cluster_bench import report  # noqa: E402
 from cluster_bench.servers import hit_rate_between, scrape_metrics, tandem_server, vllm_server  # noqa: E402
 from cluster_bench.sweeps import FULL, QUICK, Sweep, deployments, scaled, sweeps  # noqa: E402
 
-WARMUP = ("--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "4", "--num-prompts", "2",
-          "--seed", "99")  # fmt: skip
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="model directory or .gguf (default: the default model, SmolLM2-135M-Instruct)")
@@ -82,8 +78,7 @@ def bench(url: str, model: str, tokenizer: str, flags, out_dir: Path, name: str,
 
 
 def run_server(url: str, label: str, chosen: list[Sweep], args, out_dir: Path, rows: dict) -> None:
-    if not args.quick:  # first requests after start-up (lazy initialisation) stay out of the numbers
-        bench(url, args.served_name, args.model_dir, WARMUP, out_dir / "warmup", _slug(label), label)
+    # No separate warm-up: bench_serving.py sends one request alone, uncounted, before every load.
     for sweep in chosen:
         print(f"[{_now()}] {sweep.name}: {label}", flush=True)
         result = bench(url, args.served_name, args.model_dir, sweep.workload.flags, out_dir,
