@@ -75,7 +75,7 @@ class Sizes:
 # Rates for a quiet 2-core machine: one torch thread prefills ~450 SmolLM2 tokens/s, so the single prefill
 # worker of 1P+1D runs ~60% busy on the mixed load and each colocated worker spends ~30% of its time prefilling.
 FULL = Sizes(mixed_prompts=16, mixed_input=1024, mixed_output=128, mixed_rate=0.25, slo_ttft_ms=10000,
-             slo_tpot_ms=100, prefix_prompts=48, prefix_groups=12, prefix_len=1024, question_len=32, prefix_output=16,
+             slo_tpot_ms=100, prefix_prompts=36, prefix_groups=12, prefix_len=1024, question_len=32, prefix_output=16,
              prefix_rate=2.0, ratio_prompts=24, ratio_input=384, ratio_output=96, ratio_rate=1.0)  # fmt: skip
 QUICK = Sizes(mixed_prompts=4, mixed_input=48, mixed_output=8, mixed_rate=8.0, slo_ttft_ms=60000, slo_tpot_ms=60000,
               prefix_prompts=4, prefix_groups=2, prefix_len=32, question_len=8, prefix_output=4, prefix_rate=8.0,
