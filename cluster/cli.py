@@ -46,7 +46,7 @@ _FLAG_FIELDS = {
     "num_decode": "decode.replicas",
     "kv_transfer_failure": "kv_transfer_failure",
 }
-_BOTH_POOLS = {"dtype": "dtype", "tensor_parallel_size": "tensor_parallel_size"}
+_BOTH_POOLS = {"dtype": "dtype", "tensor_parallel_size": "tensor_parallel_size", "torch_threads": "torch_threads"}
 
 
 def _serve_parser(sub) -> None:
@@ -66,6 +66,7 @@ def _serve_parser(sub) -> None:
     p.add_argument("--kv-cache-memory", type=int, help="KV cache bytes per worker")
     p.add_argument("--num-kv-blocks", type=int, help="KV cache blocks per worker (instead of --kv-cache-memory)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, help="both pools")
+    p.add_argument("--torch-threads", type=int, help="torch threads per worker rank, both pools (default 1)")
     p.add_argument("--routing-policy", help="cache_aware (default), least_loaded, round_robin")
     p.add_argument("--num-prefill", type=int, help="prefill workers (0: decode workers prefill themselves)")
     p.add_argument("--num-decode", type=int, help="decode workers")

@@ -56,6 +56,7 @@ def router_config(spec: ClusterSpec):
         max_in_flight=r.max_in_flight,
         api_key=r.api_key or None,
         max_request_body_bytes=r.max_request_body_bytes,
+        worker_call_timeout_s=spec.health.timeout_s,  # the router's load() polls are heartbeats too
         stream_address=f"tcp://{_data_host(spec)}:0",
         cluster_key=ClusterKey.parse(spec.cluster_key) if spec.cluster_key else None,
     )

@@ -34,6 +34,8 @@ from kvtransfer.socket_security import ClusterKey, worker_runtime_env
 from prefill_worker.actor import PrefillActor, PrefillFollowerActor
 from prefill_worker.worker import PrefillWorkerConfig
 
+COLOCATED_THRESHOLD = 1 << 62  # more uncached tokens than any prompt has: prefill everything locally
+
 
 def engine_args_for(spec: ClusterSpec, role: str) -> EngineArgs:
     pool = spec.pool(role)  # EngineSpec's fields are EngineArgs' names
@@ -165,15 +167,18 @@ def _actor_classes(spec: ClusterSpec, role: str) -> tuple[type, type]:
     return DecodeActor, DecodeFollowerActor
 
 
+def decode_config(spec: ClusterSpec, name: str) -> DecodeWorkerConfig:
+    """With no prefill pool (colocated mode; the router sends no prefill worker) every prompt is prefilled here."""
+    return DecodeWorkerConfig(name, local_prefill_threshold=COLOCATED_THRESHOLD if spec.prefill.replicas == 0 else 0,
+                              kv_transfer_failure=spec.kv_transfer_failure)  # fmt: skip
+
+
 def launch(spec: ClusterSpec, role: str, name: str) -> PoolWorker:
     """Start one worker of `role`'s pool named `name`, placed as its pool says (TP=1: returns at once)."""
     import ray
 
     pool, args = spec.pool(role), engine_args_for(spec, role)
-    if role == "prefill":
-        config = PrefillWorkerConfig(name)
-    else:
-        config = DecodeWorkerConfig(name, kv_transfer_failure=spec.kv_transfer_failure)
+    config = PrefillWorkerConfig(name) if role == "prefill" else decode_config(spec, name)
     rank0_cls, follower_cls = _actor_classes(spec, role)
     key_env = {"runtime_env": worker_runtime_env(ClusterKey.parse(spec.cluster_key))} if spec.cluster_key else {}
     if pool.tensor_parallel_size == 1:

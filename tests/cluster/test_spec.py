@@ -6,7 +6,7 @@ import pytest
 
 from cluster.cli import main, parse_args, spec_from_args
 from cluster.spec import ClusterSpec, SpecError, load_spec, parse_spec, with_overrides
-from cluster.workers import engine_args_for, placement_options
+from cluster.workers import COLOCATED_THRESHOLD, decode_config, engine_args_for, placement_options
 
 HETEROGENEOUS = """
 model: /models/tiny
@@ -86,6 +86,13 @@ def test_flags_override_the_file(tmp_path):
     assert with_overrides(ClusterSpec(), {"prefill.replicas": 0}).prefill.replicas == 0
 
 
+def test_no_prefill_pool_is_colocated_mode_and_torch_threads_reach_both_pools():
+    spec = spec_from_args(parse_args(["serve", "--num-prefill", "0", "--num-decode", "2", "--torch-threads", "2"]))
+    assert (spec.prefill.torch_threads, spec.decode.torch_threads) == (2, 2)
+    assert decode_config(spec, "d0").local_prefill_threshold == COLOCATED_THRESHOLD  # decode prefills every prompt
+    assert decode_config(ClusterSpec(), "d0").local_prefill_threshold == 0  # a prefill pool prefills them all
+
+
 def test_the_cli_reports_a_bad_flag_without_a_traceback(capsys):
     with pytest.raises(SystemExit, match="decode.replicas must be >= 1"):
         main(["serve", "--num-decode", "0"])
@@ -112,3 +119,10 @@ def test_the_kv_transfer_failure_flag_sets_the_policy():
     assert spec.kv_transfer_failure == "fail"
     with pytest.raises(SystemExit):
         parse_args(["serve", "--kv-transfer-failure", "retry"])
+
+
+def test_the_routers_load_polls_give_up_on_a_worker_after_the_specs_heartbeat_timeout(tiny_model_dirs):
+    from cluster.deployment import router_config
+
+    spec = parse_spec({"model": tiny_model_dirs["llama"], "health": {"timeout_s": 42}})
+    assert router_config(spec).worker_call_timeout_s == 42  # not the router's own 10 s default

@@ -1,0 +1,1 @@
+"""bench_cluster.py's parts: the sweeps, the servers it starts, the report it writes."""

@@ -1,0 +1,152 @@
+"""The servers bench_cluster.py measures, one at a time: a Tandem deployment on local Ray, or vLLM's CPU build.
+
+Both are context managers yielding the base URL; leaving the block stops the
+server (Tandem: workers and router; vLLM: its whole process group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from .sweeps import Config
+
+HEARTBEAT_TIMEOUT_S = 120.0
+
+
+@contextlib.contextmanager
+def tandem_server(config: Config, model: str | None, engine: dict, served_model_name: str):
+    """A `Deployment` (router on a thread of this process, workers as Ray actors) of `config`.
+
+    Ray must be up (cluster.deployment.connect_ray)."""
+    from cluster.deployment import Deployment
+    from cluster.spec import parse_spec
+
+    pool = {"torch_threads": config.torch_threads}
+    spec = parse_spec({
+        "model": model, "engine": engine,
+        "router": {"port": 0, "routing_policy": config.routing_policy, "served_model_name": served_model_name},
+        "prefill": {"replicas": config.num_prefill, **pool}, "decode": {"replicas": config.num_decode, **pool},
+        # A worker answers heartbeats between engine steps: a whole 2048-token prefill step on one shared
+        # core can outlast the default 10 s, and a restart mid-run would be measured as failures.
+        "health": {"timeout_s": HEARTBEAT_TIMEOUT_S},
+    })  # fmt: skip
+    deployment = Deployment(spec)
+    try:
+        deployment.start()
+        yield deployment.url
+    finally:
+        deployment.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_command(python: str, model_dir: str, served_model_name: str, port: int, engine: dict) -> list[str]:
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name",
+            served_model_name, "--dtype", "float32", "--max-model-len", str(engine["max_model_len"]),
+            "--max-num-batched-tokens", str(engine["max_num_batched_tokens"]), "--max-num-seqs",
+            str(engine["max_num_seqs"]), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+
+
+def vllm_env(python: str, threads: int) -> dict[str, str]:
+    """vLLM CPU's settings: 4 GiB KV cache, OpenMP bound to the first `threads` cores, Intel OpenMP preloaded."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # fmt: skip
+    env.pop("PYTHONPATH", None)  # Tandem's tree must not shadow vLLM's own packages
+    iomp = Path(python).resolve().parent.parent / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    return env
+
+
+@contextlib.contextmanager
+def vllm_server(python: str, model_dir: str, served_model_name: str, engine: dict, threads: int, log_path: Path,
+                start_timeout_s: float = 600.0):  # fmt: skip
+    port = free_port()
+    cmd = vllm_command(python, model_dir, served_model_name, port, engine)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=vllm_env(python, threads), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not _healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM did not start (see {log_path}): {' '.join(cmd)}")
+            time.sleep(1)
+        yield url
+    finally:
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+# vLLM counts prompt tokens looked up in / found in its prefix cache; Tandem's router shows each worker's own
+# hit rate (its router counters hold the decode side's hits, the blocks a decode worker did not need sent).
+_VLLM_COUNTER = re.compile(r"^vllm:prefix_cache_(hits|queries)_total(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
+_WORKER_RATE = re.compile(r'^tandem:worker_prefix_cache_hit_rate\{([^}]*)\} ([0-9.e+-]+)$', re.M)
+
+
+def scrape_metrics(url: str) -> str:
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            return response.read().decode()
+    except OSError:
+        return ""
+
+
+def vllm_cache_counts(text: str) -> dict[str, float] | None:
+    """vLLM's prompt tokens looked up / found in its prefix cache so far, summed over engines (None: not vLLM)."""
+    counts: dict[str, float] = {}
+    for name, value in _VLLM_COUNTER.findall(text):
+        counts[name] = counts.get(name, 0.0) + float(value)
+    return counts if len(counts) == 2 else None
+
+
+def tandem_hit_rate(text: str) -> float | None:
+    """The mean of the prefill workers' own prefix-cache hit rates since they started (the decode workers'
+    with no prefill pool); None if the text has none (not a Tandem router)."""
+    rates: dict[str, list[float]] = {"prefill": [], "decode": []}
+    for labels, value in _WORKER_RATE.findall(text):
+        role = re.search(r'role="(\w+)"', labels)
+        if role and role.group(1) in rates:
+            rates[role.group(1)].append(float(value))
+    chosen = rates["prefill"] or rates["decode"]
+    return sum(chosen) / len(chosen) if chosen else None
+
+
+def hit_rate_between(before: str, after: str) -> float | None:
+    """The prefix-cache hit rate of what ran between two /metrics scrapes (Tandem: see tandem_hit_rate)."""
+    old, new = vllm_cache_counts(before), vllm_cache_counts(after)
+    if old is not None and new is not None:
+        queries = new["queries"] - old["queries"]
+        return (new["hits"] - old["hits"]) / queries if queries > 0 else None
+    return tandem_hit_rate(after)
