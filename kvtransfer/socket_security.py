@@ -127,7 +127,7 @@ def refuse(kind: str, reason: str, detail: object = "") -> None:
         _refused[kind, reason] += 1
         count = _refused[kind, reason]
     if count <= _LOGGED_PER_REASON:  # a peer leaving is routine; anything else is worth a warning
-        level = logging.INFO if reason == "dropped_connection" else logging.WARNING
+        level = logging.DEBUG if reason == "dropped_connection" else logging.WARNING
         logger.log(level, "refused on a %s socket (%s): %s", kind, reason, detail)
 
 
