@@ -109,6 +109,9 @@ def serve(args: argparse.Namespace) -> None:
               flush=True)  # fmt: skip
         deployment = Deployment(spec)
         deployment.start()
+        from router.server import tune_gc_for_serving
+
+        tune_gc_for_serving()  # this process now only serves: the router, the admin endpoints, the sync
         from cluster.status import render_status
 
         print(render_status(deployment.controller.status()), flush=True)
