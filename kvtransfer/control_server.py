@@ -24,9 +24,9 @@ from typing import Callable, Mapping
 import zmq
 
 from kvtransfer.codec import DecodeError, decode, encode
-from kvtransfer.socket_security import bind_secured, refuse
 from kvtransfer.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from kvtransfer.protocol import ControlCall, ControlReply
+from kvtransfer.socket_security import bind_secured, refuse
 
 logger = logging.getLogger("tandem.kvtransfer")
 
@@ -56,7 +56,7 @@ class ControlServer:
     def __init__(self, submit: Callable[[Callable], Future], calls: Calls, address: str = "tcp://127.0.0.1:0",
                  max_message_bytes: int = MAX_CONTROL_MESSAGE_BYTES):  # fmt: skip
         self._submit, self._calls = submit, calls
-        self._sock = control_socket(zmq.Context.instance(), zmq.ROUTER, max_message_bytes)
+        self._sock = control_socket(zmq.Context.instance(), zmq.ROUTER)
         # This process's cluster key (TANDEM_CLUSTER_KEY), if any: only routers holding it get through.
         self.address = bind_secured(self._sock, address, "control", max_message_bytes)
         self._replies: queue.SimpleQueue = queue.SimpleQueue()

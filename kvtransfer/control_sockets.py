@@ -13,13 +13,13 @@ import zmq
 MAX_CONTROL_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
-def control_socket(ctx: zmq.Context, kind: int, max_message_bytes: int = MAX_CONTROL_MESSAGE_BYTES) -> zmq.Socket:
+def control_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
     """A ROUTER (worker side, to bind) or DEALER (router side, to connect) with the control plane's options.
 
-    A peer sending a message over `max_message_bytes` is disconnected by ZMQ before it is read."""
+    Its size limit and authentication come with `bind_secured` / `connect_secured` (a peer sending a message
+    over `MAX_CONTROL_MESSAGE_BYTES` is disconnected by ZMQ before it is read)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     if kind == zmq.ROUTER:

@@ -207,11 +207,7 @@ class Dispatcher:
         """The current attempt is given up: live workers free what they hold of it; counts given back."""
         if not gen.closed:
             self._abort(gen.request_id, gen.decode, gen.prefill)
-            self._end_prefill_part(gen)
-            gen.decode.in_flight -= 1
-            gen.closed = True
-        self.active.pop(gen.request_id, None)
-        self.stream.close_request(gen.request_id)
+        self._end_decode_part(gen)
 
     @staticmethod
     def _length_final(gen: Generation) -> TokenDelta:
