@@ -62,6 +62,8 @@ def decode(data, expected: type[T] | tuple[type, ...] = object) -> T:
 
 
 def _to_ext(obj: Any) -> msgpack.ExtType:
+    if isinstance(obj, int):  # msgpack hands over the integers it cannot pack: a request's value, not a bug
+        raise ValueError(f"integer {obj} is outside the 64-bit range a message can carry")
     name = type(obj).__name__
     if _REGISTRY.get(name) is not type(obj):
         raise TypeError(f"{name} is not a registered message type; decorate it with @message")

@@ -160,6 +160,11 @@ def test_invalid_requests_are_400_and_an_unknown_model_404(served):
     with pytest.raises(openai.NotFoundError):
         served.client.completions.create(model="gpt-4", prompt="hi")
     assert _error(httpx.post(f"{served.server.url}/v1/chat/completions", json={"model": "x", "messages": []}), 400)
+    # No message can carry a top_k of 2**64: the request's fault, so a 400, and the workers stay in their
+    # pools (such a value once marked the decode worker dead).
+    too_big = {"model": MODEL, "prompt": "hi", "top_k": 2**64}
+    assert "64-bit" in _error(httpx.post(url, json=too_big), 400)["message"]
+    assert all(w.alive for w in served.app.state.router.registry.workers.values())
 
 
 def test_full_admission_is_429_with_retry_after(served):

@@ -73,6 +73,13 @@ def test_only_registered_dataclasses_encode():
         message(type("TransferDone", (), {"__annotations__": {"request_id": str}}))
 
 
+def test_an_integer_beyond_64_bits_is_the_requests_fault_not_a_worker_failure():
+    """A ValueError (the request's fault: HTTP 400, the worker stays in its pool), not a TypeError."""
+    for seed in (2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match="outside the 64-bit range"):
+            encode(GenerateRequest("r", (1, 2), SamplingSpec(seed=seed), "tcp://127.0.0.1:1"))
+
+
 def test_compat_hash_changes_with_every_field():
     fields = {"model": "other", "dtype": "float16", "block_size": 32, "num_layers": 5, "num_kv_heads": 8,
               "head_dim": 128, "layout": "other-layout"}  # fmt: skip
