@@ -126,7 +126,7 @@ class DecodeWorker:
             return ReserveRefused(request_id, "decode worker is starting: its follower ranks are not attached", True)
         try:
             params = sampling_params(request.sampling)
-            if count_uncached_tokens(self.engine, prompt) < self.config.local_prefill_threshold:
+            if request.local_prefill or count_uncached_tokens(self.engine, prompt) < self.config.local_prefill_threshold:
                 self.engine.add_request(request_id, prompt, params)
                 self._stream_of[request_id] = request.stream_address
                 return DecodeReservation(request_id, prefill_locally=True)

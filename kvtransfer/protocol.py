@@ -172,6 +172,9 @@ class GenerateRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingSpec
     stream_address: str  # the token-stream consumer's PULL socket
+    # The router found no prefill worker able to take it (dead, restarting, draining, far behind):
+    # the decode worker prefills the prompt itself, whatever its local_prefill_threshold.
+    local_prefill: bool = False
 
 
 @message
@@ -259,6 +262,13 @@ class WorkerLoad:
     kv_transfers: int = 0
     kv_transfer_bytes: int = 0
     kv_transfer_seconds: float = 0.0
+    # Liveness, answered by the worker's I/O thread while its loop may be inside a long step:
+    # steps finished since start, how long the step in progress has run (0: between steps), the
+    # longest step so far, and steps that failed in a row (a sticky device error keeps failing).
+    steps: int = 0
+    step_running_s: float = 0.0
+    longest_step_s: float = 0.0
+    failed_steps_in_a_row: int = 0
 
 
 
