@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtransfer.handoff import HandoffTimeouts
+from kvtransfer.liveness import LivenessPolicy
 from kvtransfer.socket_security import ClusterKey
 
 
@@ -22,6 +23,7 @@ class RouterConfig:
     retry_after_s: int = 1  # the Retry-After a 429 carries
     load_refresh_s: float = 0.5  # how often every worker's `load()` is read
     worker_call_timeout_s: float = 10.0  # a load() slower than this marks the worker dead
+    liveness: LivenessPolicy = field(default_factory=LivenessPolicy)  # when a worker that stops answering is dead
     stream_address: str = "tcp://127.0.0.1:0"  # the token stream's PULL (workers PUSH to it)
     chat_template: str | None = None  # a Jinja template; None -> the tokenizer's own
     handoff: HandoffTimeouts = field(default_factory=HandoffTimeouts)
