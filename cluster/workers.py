@@ -33,6 +33,7 @@ from kvtransfer.handoff import AsyncEncodedCalls
 from kvtransfer.socket_security import ClusterKey, worker_runtime_env
 from prefill_worker.actor import PrefillActor, PrefillFollowerActor
 from prefill_worker.worker import PrefillWorkerConfig
+from runtime.actor import ACTOR_OPTIONS
 
 COLOCATED_THRESHOLD = 1 << 62  # more uncached tokens than any prompt has: prefill everything locally
 
@@ -182,9 +183,10 @@ def launch(spec: ClusterSpec, role: str, name: str) -> PoolWorker:
     rank0_cls, follower_cls = _actor_classes(spec, role)
     key_env = {"runtime_env": worker_runtime_env(ClusterKey.parse(spec.cluster_key))} if spec.cluster_key else {}
     if pool.tensor_parallel_size == 1:
-        options = {"num_cpus": 0, **placement_options(pool), **key_env}
+        options = {"num_cpus": 0, **ACTOR_OPTIONS, **placement_options(pool), **key_env}
         return PoolWorker(name, role, ray.remote(rank0_cls).options(**options).remote(args, config, pool.torch_threads))
     bundle = {**pool.resources, **({"GPU": pool.num_gpus} if pool.num_gpus else {})}
     tp = start_tp_actors(rank0_cls, follower_cls, args, config, pool.torch_threads, spec.health.start_timeout_s,
-                         bundle=bundle, label_selector=dict(pool.node_labels) or None, **key_env)  # fmt: skip
+                         bundle=bundle, label_selector=dict(pool.node_labels) or None, **ACTOR_OPTIONS,
+                         **key_env)  # fmt: skip
     return PoolWorker(name, role, tp.rank0, tp)

@@ -1,54 +1,75 @@
-"""The decode worker as Ray actors: a thin shell over `DecodeWorker` on its own step loop.
+"""The decode worker as Ray actors, and how one is built in any process.
 
 TP=1: one `DecodeActor` (`start_decode_actor`). TP=n (`start_decode_tp_actors`):
 rank 0 is a `DecodeActor` whose engine schedules and broadcasts each step;
 ranks 1..n-1 are `DecodeFollowerActor`s running the forward loop and a
-`ShardReceiver`, all in one STRICT_PACK placement group.
+`DecodeFollower`, all in one STRICT_PACK placement group. `decode_worker_maker`
+builds the worker itself (for an actor, or a test that hosts it in-process).
 """
 
 from __future__ import annotations
 
-from decode_worker.shard_receiver import ShardReceiver
+from decode_worker.follower import DecodeFollower
+from decode_worker.kv_receiving import KVReceiving
 from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
-from engine.llm_engine import EngineArgs
-from engine.parallel.follower_host import FollowerActor
+from engine.llm_engine import EngineArgs, LLMEngine
 from engine.parallel.ray_group import TPActors, start_tp_actors
-from engine.step_loop import LoopedActor
 from kvtransfer.codec import decode, encode
-from kvtransfer.control_server import COMMON_CALLS, ControlServed
-from kvtransfer.protocol import GenerateRequest
+from kvtransfer.engine_bridge import kv_spec_for
+from kvtransfer.protocol import FirstToken, GenerateRequest, PrefillFailed
+from kvtransfer.receiver import KVReceiver
+from kvtransfer.token_stream import PullSocket, Pushers
+from runtime.actor import ACTOR_OPTIONS, WorkerActor
+from runtime.control_service import ControlService, request_id_arg
+from runtime.follower import FollowerActor
+from runtime.io_thread import IOThread
+
+# The router's calls a decode worker's control socket takes (load is answered by the socket itself).
+DECODE_CALLS = {"reserve": lambda payload: decode(payload, GenerateRequest), "abort": request_id_arg}
 
 
-def _reserve(payload: bytes):
-    request = decode(payload, GenerateRequest)
-    return lambda worker: encode(worker.reserve(request))
+def decode_worker_maker(engine_args: EngineArgs, config: DecodeWorkerConfig, control_bind: str = "tcp://127.0.0.1:0"):
+    """`(board, deliver) -> DecodeWorker`: the engine, then the I/O thread (control socket + KV receiver)."""
+
+    def make(board, deliver) -> DecodeWorker:
+        engine = LLMEngine.from_args(engine_args, show_progress=False)
+        spec, tp_size = kv_spec_for(engine.config), engine.config.parallel.tp_size
+
+        def services(io: IOThread) -> list:
+            receiver = KVReceiver(engine.runner.kv_caches, spec, config.kv_address, tp_size, 0, timeouts=config.timeouts)
+            receiving = KVReceiving(receiver, deliver)
+            board.io_counters = receiving.counters
+            return [ControlService(board, DECODE_CALLS, deliver, io.post, control_bind), receiving]
+
+        io = IOThread(f"{config.name}-io", services)
+        control, receiving = io.services
+        inbox = PullSocket((FirstToken, PrefillFailed), config.inbox_address)
+        worker = DecodeWorker(engine, config, io, board, receiving.receiver.address, inbox, Pushers())
+        worker.control_address = control.address
+        return worker
+
+    return make
 
 
-DECODE_CALLS = {"reserve": _reserve, **COMMON_CALLS}
-
-
-class DecodeActor(ControlServed, LoopedActor):
+class DecodeActor(WorkerActor):
     """Rank 0 (the worker's face): Ray methods for the lifecycle; the router calls its control socket."""
-
-    control_calls = DECODE_CALLS
 
     def __init__(self, engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(),
                  torch_threads: int | None = 1, start: bool = True):  # fmt: skip
-        super().__init__(lambda args: DecodeWorker(args, config), engine_args, config.name, torch_threads, start)
+        super().__init__(engine_args, config, torch_threads, start)
+
+    def make_worker(self, engine_args):
+        return decode_worker_maker(engine_args, self.config, self.control_bind_address())
 
     def reserve(self, payload: bytes) -> bytes:
-        return self.loop.call(_reserve(payload))
-
-    def load(self, _=None) -> bytes:
-        return encode(self.loop.call(lambda w: w.load()))
+        return encode(self.hosted.call("reserve", decode(payload, GenerateRequest)))
 
 
 class DecodeFollowerActor(FollowerActor):
-    """Decode rank > 0: the forward loop and a `ShardReceiver` for this rank's KV heads."""
+    """Decode rank > 0: the forward loop and a `DecodeFollower` for this rank's KV heads."""
 
-    def make_io(self, follower) -> ShardReceiver:
-        c = self.config
-        return ShardReceiver(follower, c.kv_address, c.control_address, c.timeouts)
+    def role(self) -> DecodeFollower:
+        return DecodeFollower(self.config)
 
 
 def start_decode_actor(
@@ -57,7 +78,7 @@ def start_decode_actor(
     """A Ray actor handle (Ray must be initialised); `options` go to `.options()` (resources, name...)."""
     import ray
 
-    options.setdefault("num_cpus", 0)
+    options = {"num_cpus": 0, **ACTOR_OPTIONS, **options}
     return ray.remote(DecodeActor).options(**options).remote(engine_args, config, torch_threads)
 
 
@@ -65,4 +86,5 @@ def start_decode_tp_actors(
     engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(), torch_threads: int | None = 1, **options
 ) -> TPActors:
     """engine_args.tensor_parallel_size actors on one node; `.rank0` is the worker's handle (`options` go to it)."""
-    return start_tp_actors(DecodeActor, DecodeFollowerActor, engine_args, config, torch_threads, **options)
+    return start_tp_actors(DecodeActor, DecodeFollowerActor, engine_args, config, torch_threads,
+                           **{**ACTOR_OPTIONS, **options})

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_connector import KVConnector
 from engine.kv_cache_manager import KVCacheManager
 from engine.log import configure_logging
 from engine.model_input import build_model_input
@@ -103,7 +103,8 @@ class EngineArgs:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, show_progress: bool = True):
+    def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, show_progress: bool = True,
+                 kv_connector: KVConnector | None = None):  # fmt: skip
         if config.parallel.rank != 0:
             raise ValueError(
                 f"LLMEngine runs on tensor-parallel rank 0; rank {config.parallel.rank} runs "
@@ -121,8 +122,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._prompts: dict[str, str | None] = {}
-        # Called with each non-empty schedule before its forward (a prefill worker starts KV transfers there).
-        self.before_forward: Callable[[SchedulerOutput], None] | None = None
+        # A worker's seam into the cache (engine.kv_connector): called before each forward and after each layer.
+        self.kv_connector = kv_connector
         sc = config.scheduler
         logger.info(
             "engine ready: %s, %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
@@ -191,11 +192,11 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        if self.before_forward is not None:
-            self.before_forward(sched)
+        connector = self.kv_connector
         try:
+            attachment = connector.before_forward(sched) if connector is not None else b""
             batch = build_model_input(sched.scheduled, self.config.cache.block_size, self.config.device)
-            sampled = self.runner.execute(batch)
+            sampled = self.runner.execute(batch, attachment, connector.save_layer if connector is not None else None)
         except Exception as err:
             # The step's requests cannot be trusted to have valid KV: end them and
             # return their blocks, so one bad step never leaks blocks or wedges the rest.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,8 @@ from engine.sampler import Sampler, SamplerOutput
 from engine.weight_loader import load_weights
 
 logger = logging.getLogger("tandem.engine")
+
+LayerDone = Callable[[int], None] | None
 
 
 def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = SINGLE) -> torch.nn.Module:
@@ -76,7 +79,6 @@ class ModelRunner:
         self.sampler = Sampler()
         self._sender = StepSender(self.tp) if self.tp.size > 1 and self.tp.is_driver else None
         self._receiver = StepReceiver(self.tp, config.device) if not self.tp.is_driver else None
-        self._attachment = b""  # rank 0: opaque bytes for the followers, sent with the next step
 
     def _agree(self, num_blocks: int) -> int:
         """Every rank gets the fewest blocks any rank can hold: rank 0's block ids index all caches."""
@@ -87,31 +89,24 @@ class ModelRunner:
         return int(count.item())
 
     @torch.inference_mode()
-    def forward(self, batch: ModelInput) -> torch.Tensor:
-        """Hidden states of every token, [num_tokens, hidden_size]; writes this step's K/V."""
-        return self._forward(batch)
+    def forward(self, batch: ModelInput, layer_done: LayerDone = None) -> torch.Tensor:
+        """Hidden states of every token, [num_tokens, hidden_size]; writes this step's K/V.
 
-    def _forward(self, batch: ModelInput) -> torch.Tensor:
-        return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.attn_fn)
+        `layer_done(i)` is called as soon as layer i's K/V is in the cache (engine.kv_connector)."""
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.attn_fn, layer_done)
 
     @torch.inference_mode()
-    def compute_logits(self, batch: ModelInput) -> torch.Tensor:
+    def compute_logits(self, batch: ModelInput, attachment: bytes = b"", layer_done: LayerDone = None) -> torch.Tensor:
         """Float32 logits of the sampling rows: [num_sampling, vocab_size].
 
+        Tensor parallel: the followers get `attachment` with this step (see `step_broadcast`).
         Sampling always works in float32 (as vLLM's does); for bfloat16 models the
         cast also makes the argmax several times faster on CPU.
         """
         if self._sender is not None:
-            attachment, self._attachment = self._attachment, b""
             self._sender.send(batch, attachment)  # the other ranks run this same forward with us
-        hidden = self._forward(batch)
+        hidden = self.forward(batch, layer_done)
         return self.model.compute_logits(hidden[batch.logits_indices]).float()
-
-    def attach_to_next_step(self, data: bytes) -> None:
-        """Rank 0: the followers get `data` with the next step (see `step_broadcast`); the engine never reads it."""
-        if self._sender is None:
-            raise RuntimeError("only rank 0 of a tensor-parallel engine sends steps")
-        self._attachment = data
 
     def receive_step(self) -> tuple[ModelInput, bytes] | None:
         """Ranks > 0: the batch rank 0 broadcast for the next step and its attachment; None when it shut down."""
@@ -125,8 +120,8 @@ class ModelRunner:
         destroy_tp_group(self.tp)
 
     @torch.inference_mode()
-    def execute(self, batch: ModelInput) -> SamplerOutput:
-        logits = self.compute_logits(batch)
+    def execute(self, batch: ModelInput, attachment: bytes = b"", layer_done: LayerDone = None) -> SamplerOutput:
+        logits = self.compute_logits(batch, attachment, layer_done)
         if not batch.sampling_states:
             return SamplerOutput(token_ids=[], logprobs=[])
         return self.sampler(logits, batch.sampling_states)

@@ -12,12 +12,13 @@ returns them with `release_blocks` once the transfer has ended (any
 
 Decode role (`reserve_remote_kv` / `admit_remote_kv` / `fail_remote_kv`): the
 request gets blocks for its whole prompt, local prefix-cache hits first, and
-waits in `WAITING_FOR_KV`, outside the scheduler's queues, so it never stalls
-the running batch. Once its KV has landed it joins the running batch with the
-prompt computed and the first token (sampled by the prefill worker) as its
-first output. The engine owns the reserved blocks from `reserve_remote_kv`;
-`fail_remote_kv` (or `abort_request`) frees them, after the caller has made
-sure no write into them is in flight (`receiver.abort` or a `failed` event).
+waits in the scheduler's `waiting_for_kv` queue, never scheduled, so it never
+stalls the running batch. Once its KV has landed it joins the running batch
+(when a seat is free) with the prompt computed and the first token (sampled
+by the prefill worker) as its first output. The engine owns the reserved
+blocks from `reserve_remote_kv`; `fail_remote_kv` (or `abort_request`) frees
+them, after the caller has made sure no write into them is in flight (the
+receiver released the reservation or reported its end).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def reserve_remote_kv(engine: LLMEngine, request_id: str, prompt: Prompt, params
             f"decode engine has {kv.num_free_blocks} free KV blocks, request {request_id} needs "
             f"{cdiv(req.num_prompt_tokens - num_cached_tokens, kv.block_size)}"
         )
-    req.status = RequestStatus.WAITING_FOR_KV
+    engine.scheduler.wait_for_kv(req)
     req.num_cached_tokens = num_cached_tokens
     kv.pool.record_query(req.num_prompt_tokens, num_cached_tokens)
     return KVReservation(
@@ -99,16 +100,16 @@ def reserve_remote_kv(engine: LLMEngine, request_id: str, prompt: Prompt, params
     )
 
 
-def admit_remote_kv(engine: LLMEngine, request_id: str, first_token: int) -> RequestOutput:
+def admit_remote_kv(engine: LLMEngine, request_id: str, first_token: int) -> RequestOutput | None:
     """The prompt's KV has landed: join the running batch with `first_token` as the first output.
 
-    The returned output carries the first token; it may already be finished (EOS, max_tokens=1)."""
+    Returns that output (it may already be finished: EOS, max_tokens=1), or None when the
+    running batch has no free seat (nothing changed: admit it again later)."""
     req = engine.requests[request_id]
     if req.status != RequestStatus.WAITING_FOR_KV:
         raise ValueError(f"request {request_id} is {req.status.value}, not waiting for KV")
-    req.num_computed_tokens = req.num_prompt_tokens
-    req.status = RequestStatus.RUNNING
-    engine.scheduler.running.append(req)
+    if not engine.scheduler.admit_remote(req):
+        return None
     # Stop checks, detokenization and finishing are the engine's, as for a locally sampled token.
     return engine._append_token(req, first_token, None)
 
@@ -119,4 +120,4 @@ def fail_remote_kv(engine: LLMEngine, request_id: str) -> bool:
 
 
 def waiting_for_kv(engine: LLMEngine) -> list[str]:
-    return [rid for rid, req in engine.requests.items() if req.status == RequestStatus.WAITING_FOR_KV]
+    return list(engine.scheduler.waiting_for_kv)

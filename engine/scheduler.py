@@ -6,6 +6,12 @@ chunk), then waiting requests, whose prompts are chunked into what is left.
 When blocks run out, the newest running request is preempted: its blocks are
 freed and it is recomputed later from its prompt plus the tokens it already
 produced. The scheduler knows no tensors; the model runner knows no queues.
+
+Disaggregated decode adds a third queue, `waiting_for_kv` (vLLM v1's
+WAITING_FOR_REMOTE_KVS): requests whose blocks are reserved and whose prompt
+KV is arriving from a prefill worker. They are never scheduled; once their KV
+has landed `admit_remote` moves them into the running batch, prompt computed,
+when a seat is free.
 """
 
 from __future__ import annotations
@@ -57,13 +63,30 @@ class Scheduler:
         self.kv_cache = kv_cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.waiting_for_kv: dict[str, Request] = {}  # request id -> request whose prompt KV is arriving
         self.num_preemptions = 0  # total since start, for metrics and tests
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
+        """Work for the next step (requests waiting for remote KV are not: nothing to compute yet)."""
         return bool(self.waiting or self.running)
+
+    def wait_for_kv(self, request: Request) -> None:
+        """`request` holds blocks for its whole prompt; its KV will be written there from elsewhere."""
+        request.status = RequestStatus.WAITING_FOR_KV
+        self.waiting_for_kv[request.request_id] = request
+
+    def admit_remote(self, request: Request) -> bool:
+        """Its KV has landed: join the running batch with the prompt computed; False (nothing done) if no seat."""
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        del self.waiting_for_kv[request.request_id]
+        request.num_computed_tokens = request.num_prompt_tokens
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        return True
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -124,5 +147,7 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        else:
+            self.waiting_for_kv.pop(request.request_id, None)
         if not request.hold_blocks:
             self.kv_cache.free(request)

@@ -272,7 +272,7 @@ class WorkerLoad:
 
 
 
-# ---- the router's calls to a worker (kvtransfer.control_server / control_client) ----
+# ---- the router's calls to a worker (runtime.control_service / kvtransfer.control_client) ----
 #
 #   router DEALER ── ControlCall(call_id, "reserve" | "prefill" | "abort" | "load", payload) ──► worker ROUTER
 #   router DEALER ◄── ControlReply(call_id, payload | error) ── worker (in any order: matched by call_id)

@@ -123,6 +123,16 @@ class KVReceiver(KVReceiverBase):
     def pending(self) -> list[str]:
         return list(self._reservations)
 
+    def sockets(self) -> list[zmq.Socket]:
+        """What to wait on besides `next_deadline` (an I/O thread's poller)."""
+        return [self._sock]
+
+    def next_deadline(self) -> float | None:
+        """When `poll` has timer work (heartbeats, deadlines, silent senders) with nothing to read; None: idle."""
+        if any(sender.in_flight for sender in self._senders.values()):
+            return self.clock() + 0.001  # pair receives complete without waking the ZMQ socket: look again soon
+        return self._next_heartbeat if self._senders or self._reservations else None
+
     def close(self) -> None:
         self._sock.close(linger=0)
 

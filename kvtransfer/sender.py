@@ -1,35 +1,29 @@
-"""Prefill side of the connector: a DEALER per receiver, source blocks held under leases."""
+"""Prefill side of the connector: a DEALER per receiver, source blocks held under leases.
+
+Nothing here blocks: `send` opens the link and returns (the handshake completes
+in a later `poll`, `kvtransfer.sender_link`), `send_layer` queues its frames
+(or, before the handshake, the call itself), and a refusal or a silent receiver
+ends the transfer with a `failed` event. One thread drives it (its I/O thread).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import zmq
 
 from kvtransfer.codec import DecodeError
 from kvtransfer.connector import KVSenderBase, PeerTarget, TransferEvent, TransferTimeouts
-from kvtransfer.dist_transport import SENDER_RANK, DistPair, join_store
 from kvtransfer.faults import HeldChunks, TransportFaults
 from kvtransfer.frames import Run, as_bytes, block_runs, frame_nbytes, gather_runs, run_tensor
 from kvtransfer.lease import Clock, LeaseTable
-from kvtransfer.protocol import (
-    PROTOCOL_VERSION,
-    Abort,
-    Heartbeat,
-    Hello,
-    IncompatiblePeerError,
-    KVChunk,
-    KVSpec,
-    Refused,
-    TransferDone,
-    Welcome,
-    compat_hash,
-)
+from kvtransfer.protocol import Abort, Heartbeat, KVChunk, KVSpec, Refused, TransferDone, Welcome
+from kvtransfer.sender_link import SenderLink, hello_for
 from kvtransfer.socket_security import refuse
-from kvtransfer.zmq_transport import connect_dealer, decode_header, recv_parts, send_message
+from kvtransfer.zmq_transport import decode_header, recv_parts, send_message
 
 logger = logging.getLogger("tandem.kvtransfer")
 
@@ -40,21 +34,12 @@ GATHER_BELOW_BYTES = 256 * 1024
 MESSAGE_BYTES = 1024 * 1024
 
 
-@dataclass
-class _Link:
-    address: str
-    sock: zmq.Socket
-    last_seen: float
-    pair: DistPair | None = None
-    next_tag: int = 1
-    in_flight: list = field(default_factory=list)  # futures of pair sends not yet complete
-
-
 @dataclass(frozen=True)
 class _Transfer:
     target: PeerTarget
     src_block_ids: tuple[int, ...]
     all_runs: tuple[Run, ...]
+    problem: str = ""  # why it cannot run (blocks that do not pair up), told once the handshake did not say
 
     def runs(self, positions: range | None) -> tuple[Run, ...]:
         if positions is None:
@@ -83,7 +68,7 @@ class KVSender(KVSenderBase):
         self.gather_below_bytes, self.message_bytes = gather_below_bytes, message_bytes
         self.data_plane, self.timeouts, self.clock = data_plane, timeouts, clock
         self._ctx = zmq.Context.instance()
-        self._links: dict[str, _Link] = {}
+        self._links: dict[str, SenderLink] = {}
         self._transfers: dict[str, dict[str, _Transfer]] = {}  # request id -> address -> transfer
         self._leases = LeaseTable(timeouts.lease_s, clock)
         self._events: list[TransferEvent] = []
@@ -93,23 +78,35 @@ class KVSender(KVSenderBase):
     def send(self, request_id: str, block_ids, peer: PeerTarget) -> None:
         if peer.address in self._transfers.get(request_id, {}):
             raise ValueError(f"request {request_id} already sends to {peer.address}")
-        self._link(peer.address)
+        link = self._link(peer.address)
         src = tuple(int(b) for b in block_ids)
-        transfer = _Transfer(peer, src, tuple(block_runs(src, peer.block_ids)))
+        try:
+            transfer = _Transfer(peer, src, tuple(block_runs(src, peer.block_ids)))
+        except ValueError as err:
+            if link.ready:
+                raise
+            # Before the handshake: a block size mismatch also pairs blocks wrongly, and the
+            # receiver's refusal says so more clearly. Otherwise this fails it once welcomed.
+            transfer = _Transfer(peer, src, (), problem=str(err))
         self._transfers.setdefault(request_id, {})[peer.address] = transfer
-        self._leases.grant((request_id, peer.address))
+        if link.ready:  # else the lease starts with the handshake: the receiver's heartbeats follow it
+            self._leases.grant((request_id, peer.address))
 
     def send_layer(
         self, request_id: str, layer: int, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: range | None = None
     ) -> None:
         for address, transfer in list(self._transfers.get(request_id, {}).items()):
+            link = self._links[address]
+            if not link.ready:
+                link.deferred.append((request_id, layer, k_cache, v_cache, positions))
+                continue
             runs = transfer.runs(positions)
             if not runs:
                 continue
             try:
-                self._send_chunk(request_id, layer, k_cache, v_cache, self._links[address], transfer.target, runs)
-            except zmq.Again:
-                self._end(request_id, address, "failed", "receiver is not taking data (send timed out)")
+                self._send_chunk(request_id, layer, k_cache, v_cache, link, transfer.target, runs)
+            except zmq.Again:  # the link's queue cannot take it: the receiver is gone or stuck
+                self._end(request_id, address, "failed", "receiver is not taking data")
 
     def abort(self, request_id: str, reason: str = "aborted by sender") -> None:
         for address in list(self._transfers.get(request_id, {})):
@@ -124,50 +121,62 @@ class KVSender(KVSenderBase):
             time.sleep(timeout_ms / 1000)  # an empty poller would return at once
         for sock, _ in poller.poll(timeout_ms) if self._links else ():
             link = next(link for link in self._links.values() if link.sock is sock)
-            while link.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            while self._links.get(link.address) is link and link.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 self._handle(link, recv_parts(link.sock))
         self._tick()
         events, self._events = self._events, []
         return events
+
+    def sockets(self) -> list[zmq.Socket]:
+        """What to wait on besides `next_deadline` (an I/O thread's poller)."""
+        return [link.sock for link in self._links.values()]
+
+    def next_deadline(self) -> float | None:
+        """When `poll` has timer work (heartbeats, leases, handshakes) with nothing to read; None: idle."""
+        return self._next_heartbeat if self._links else None
 
     def pending(self) -> list[tuple[str, str]]:
         return [(r, a) for r, by_peer in self._transfers.items() for a in by_peer]
 
     def close(self) -> None:
         for link in self._links.values():
-            link.sock.close(linger=0)
-            if link.pair is not None:
-                link.pair.close()
+            link.close()
         self._links.clear()
 
     # -- connection --
 
-    def _link(self, address: str) -> _Link:
-        if address not in self._links:
-            self._links[address] = self._handshake(address)
-        return self._links[address]
-
-    def _handshake(self, address: str) -> _Link:
-        sock = connect_dealer(self._ctx, address, send_timeout_ms=int(self.timeouts.lease_s * 1000))
-        hello = Hello(PROTOCOL_VERSION, compat_hash(self.spec), self.spec, self.tp_size, self.tp_rank, self.name,
-                      self.data_plane)  # fmt: skip
-        send_message(sock, hello)
-        if not sock.poll(int(self.timeouts.handshake_s * 1000)):
-            sock.close(linger=0)
-            raise ConnectionError(f"KV receiver at {address} did not answer the handshake")
-        reply = decode_header(recv_parts(sock)[0], (Welcome, Refused))
-        if isinstance(reply, Refused):
-            sock.close(linger=0)
-            raise IncompatiblePeerError(f"KV receiver at {address} refused us: {reply.reason}")
-        link = _Link(address, sock, self.clock())
-        if self.data_plane != "zmq":
-            store = join_store(reply.dist_store, self.timeouts.handshake_s)
-            link.pair = DistPair(store, reply.dist_pair_id, SENDER_RANK, self.data_plane, self.timeouts.handshake_s)
+    def _link(self, address: str) -> SenderLink:
+        link = self._links.get(address)
+        if link is None:
+            hello = hello_for(self.spec, self.tp_size, self.tp_rank, self.name, self.data_plane)
+            link = self._links[address] = SenderLink.open(self._ctx, address, hello, self.clock())
         return link
+
+    def _on_handshake(self, link: SenderLink, reply: Welcome | Refused) -> None:
+        link.on_handshake(reply, self.data_plane, self.timeouts.handshake_s)
+        if link.state == "refused":
+            self._drop_link(link)
+            return
+        for request_id, by_peer in list(self._transfers.items()):
+            transfer = by_peer.get(link.address)
+            if transfer is not None and transfer.problem:
+                self._end(request_id, link.address, "failed", transfer.problem)
+            elif transfer is not None:
+                self._leases.grant((request_id, link.address))
+        deferred, link.deferred = link.deferred, []
+        for request_id, layer, k_cache, v_cache, positions in deferred:
+            self.send_layer(request_id, layer, k_cache, v_cache, positions)
+
+    def _drop_link(self, link: SenderLink) -> None:
+        """A refused (or silent) receiver: every transfer to it fails, the link goes."""
+        for request_id in [r for r, by_peer in self._transfers.items() if link.address in by_peer]:
+            self._end(request_id, link.address, "failed", link.refusal)
+        link.close()
+        del self._links[link.address]
 
     # -- data --
 
-    def _send_chunk(self, request_id, layer, k_cache, v_cache, link: _Link, target: PeerTarget, runs) -> None:
+    def _send_chunk(self, request_id, layer, k_cache, v_cache, link: SenderLink, target: PeerTarget, runs) -> None:
         num_heads = target.num_heads or k_cache.shape[2]
         to_host = link.pair is None
         mean_run_bytes = frame_nbytes(k_cache, sum(r.length for r in runs), num_heads) / len(runs)
@@ -197,7 +206,7 @@ class KVSender(KVSenderBase):
             send_message(link.sock, chunk)
             link.in_flight.append(link.pair.send(tensors, tag))
 
-    def _put_on_wire(self, link: _Link, chunk: KVChunk, frames: list) -> None:
+    def _put_on_wire(self, link: SenderLink, chunk: KVChunk, frames: list) -> None:
         if self._faulty is None:
             send_message(link.sock, chunk, frames)
         else:
@@ -210,14 +219,16 @@ class KVSender(KVSenderBase):
 
     # -- incoming messages and timers --
 
-    def _handle(self, link: _Link, parts) -> None:
+    def _handle(self, link: SenderLink, parts) -> None:
         try:
-            msg = decode_header(parts[0], (Heartbeat, TransferDone, Abort))
+            msg = decode_header(parts[0], (Heartbeat, TransferDone, Abort, Welcome, Refused))
         except DecodeError as e:
             refuse("kv", e.reason, f"from KV receiver {link.address}: {e}")
             return
         link.last_seen = self.clock()
-        if isinstance(msg, Heartbeat):
+        if isinstance(msg, (Welcome, Refused)):
+            self._on_handshake(link, msg)
+        elif isinstance(msg, Heartbeat):
             for request_id in msg.request_ids:
                 self._leases.renew((request_id, link.address))
         elif isinstance(msg, TransferDone):
@@ -229,21 +240,24 @@ class KVSender(KVSenderBase):
         now = self.clock()
         if self._faulty is not None:
             self._faulty.release_due()
-        for link in self._links.values():
+        for link in list(self._links.values()):
             link.in_flight = [sent for sent in link.in_flight if not sent.done()]
+            link.check_handshake(now, self.timeouts.handshake_s)
+            if link.state == "refused":
+                self._drop_link(link)
         if now >= self._next_heartbeat:
-            for address in list(self._links):
-                held = tuple(r for r, by_peer in self._transfers.items() if address in by_peer)
-                self._tell(address, Heartbeat(held))
+            for address, link in self._links.items():
+                if link.ready:
+                    held = tuple(r for r, by_peer in self._transfers.items() if address in by_peer)
+                    self._tell(address, Heartbeat(held))
             self._next_heartbeat = now + self.timeouts.heartbeat_interval_s
         for request_id, address in self._leases.pop_expired():
             self._end(request_id, address, "expired", f"no heartbeat from {address} for {self.timeouts.lease_s}s")
         for address, link in list(self._links.items()):
-            if now - link.last_seen > self.timeouts.peer_silence_s and not any(
+            if link.ready and now - link.last_seen > self.timeouts.peer_silence_s and not any(
                 address in by_peer for by_peer in self._transfers.values()
             ):
-                # Closing with linger 0 drops queued frames, and with them ZMQ's references to our blocks.
-                link.sock.close(linger=0)
+                link.close()
                 del self._links[address]
 
     def _end(self, request_id: str, address: str, kind: str, reason: str = "") -> None:

@@ -63,6 +63,11 @@ class PullSocket:
         self._sock.setsockopt(zmq.LINGER, 0)
         self.address = bind_secured(self._sock, address, kind)
 
+    @property
+    def socket(self) -> zmq.Socket:
+        """For a poller that waits on it beside others (then `poll(0)` reads what came)."""
+        return self._sock
+
     def poll(self, timeout_ms: int = 0, max_messages: int = 1024) -> list:
         out = []
         if not self._sock.poll(timeout_ms):

@@ -1,53 +1,74 @@
-"""The prefill worker as Ray actors: a thin shell over `PrefillWorker` on its own step loop.
+"""The prefill worker as Ray actors, and how one is built in any process.
 
 TP=1: one `PrefillActor` (`start_prefill_actor`). TP=n (`start_prefill_tp_actors`):
 rank 0 is a `PrefillActor` whose engine schedules and broadcasts each step;
 ranks 1..n-1 are `PrefillFollowerActor`s running the forward loop and a
-`ShardSender`, all in one STRICT_PACK placement group.
+`PrefillFollower`, all in one STRICT_PACK placement group. `prefill_worker_maker`
+builds the worker itself (for an actor, or a test that hosts it in-process).
 """
 
 from __future__ import annotations
 
-from engine.llm_engine import EngineArgs
-from engine.parallel.follower_host import FollowerActor
+from engine.llm_engine import EngineArgs, LLMEngine
 from engine.parallel.ray_group import TPActors, start_tp_actors
-from engine.step_loop import LoopedActor
-from kvtransfer.codec import decode, encode
-from kvtransfer.control_server import COMMON_CALLS, ControlServed
+from kvtransfer.codec import decode
+from kvtransfer.engine_bridge import kv_spec_for
 from kvtransfer.protocol import PrefillTask
-from prefill_worker.shard_sender import ShardSender
+from kvtransfer.sender import KVSender
+from kvtransfer.token_stream import Pushers
+from prefill_worker.follower import PrefillFollower
+from prefill_worker.kv_sending import KVSending
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
+from runtime.actor import ACTOR_OPTIONS, WorkerActor
+from runtime.control_service import ControlService, request_id_arg
+from runtime.follower import FollowerActor
+from runtime.io_thread import IOThread
+
+# The router's calls a prefill worker's control socket takes (load is answered by the socket itself).
+PREFILL_CALLS = {"prefill": lambda payload: decode(payload, PrefillTask), "abort": request_id_arg}
 
 
-def _prefill(payload: bytes):
-    task = decode(payload, PrefillTask)
-    return lambda worker: worker.prefill(task)
+def prefill_worker_maker(engine_args: EngineArgs, config: PrefillWorkerConfig,
+                         control_bind: str = "tcp://127.0.0.1:0"):  # fmt: skip
+    """`(board, deliver) -> PrefillWorker`: the engine, then the I/O thread (control socket + KV sender)."""
+
+    def make(board, deliver) -> PrefillWorker:
+        engine = LLMEngine.from_args(engine_args, skip_tokenizer_init=True, show_progress=False)
+        model, tp_size = engine.config.model, engine.config.parallel.tp_size
+
+        def services(io: IOThread) -> list:
+            sender = KVSender(kv_spec_for(engine.config), config.name, tp_size, 0, timeouts=config.timeouts,
+                              faults=config.transport_faults)  # fmt: skip
+            sending = KVSending(sender, engine.runner.kv_caches, model.num_kv_heads, deliver)
+            return [ControlService(board, PREFILL_CALLS, deliver, io.post, control_bind), sending]
+
+        io = IOThread(f"{config.name}-io", services)
+        worker = PrefillWorker(engine, config, io, board, Pushers())
+        worker.control_address = io.services[0].address
+        return worker
+
+    return make
 
 
-PREFILL_CALLS = {"prefill": _prefill, **COMMON_CALLS}
-
-
-class PrefillActor(ControlServed, LoopedActor):
+class PrefillActor(WorkerActor):
     """Rank 0 (the worker's face): Ray methods for the lifecycle; the router calls its control socket."""
-
-    control_calls = PREFILL_CALLS
 
     def __init__(self, engine_args: EngineArgs, config: PrefillWorkerConfig = PrefillWorkerConfig(),
                  torch_threads: int | None = 1, start: bool = True):  # fmt: skip
-        super().__init__(lambda args: PrefillWorker(args, config), engine_args, config.name, torch_threads, start)
+        super().__init__(engine_args, config, torch_threads, start)
+
+    def make_worker(self, engine_args):
+        return prefill_worker_maker(engine_args, self.config, self.control_bind_address())
 
     def prefill(self, payload: bytes) -> None:
-        self.loop.call(_prefill(payload))
-
-    def load(self, _=None) -> bytes:
-        return encode(self.loop.call(lambda w: w.load()))
+        self.hosted.call("prefill", decode(payload, PrefillTask))
 
 
 class PrefillFollowerActor(FollowerActor):
-    """Prefill rank > 0: the forward loop and a `ShardSender` for this rank's KV heads."""
+    """Prefill rank > 0: the forward loop and a `PrefillFollower` for this rank's KV heads."""
 
-    def make_io(self, follower) -> ShardSender:
-        return ShardSender(follower, self.name, self.config.control_address, self.config.timeouts)
+    def role(self) -> PrefillFollower:
+        return PrefillFollower(self.config)
 
 
 def start_prefill_actor(
@@ -56,7 +77,7 @@ def start_prefill_actor(
     """A Ray actor handle (Ray must be initialised); `options` go to `.options()` (resources, name...)."""
     import ray
 
-    options.setdefault("num_cpus", 0)
+    options = {"num_cpus": 0, **ACTOR_OPTIONS, **options}
     return ray.remote(PrefillActor).options(**options).remote(engine_args, config, torch_threads)
 
 
@@ -64,4 +85,5 @@ def start_prefill_tp_actors(
     engine_args: EngineArgs, config: PrefillWorkerConfig = PrefillWorkerConfig(), torch_threads: int | None = 1, **options
 ) -> TPActors:
     """engine_args.tensor_parallel_size actors on one node; `.rank0` is the worker's handle (`options` go to it)."""
-    return start_tp_actors(PrefillActor, PrefillFollowerActor, engine_args, config, torch_threads, **options)
+    return start_tp_actors(PrefillActor, PrefillFollowerActor, engine_args, config, torch_threads,
+                           **{**ACTOR_OPTIONS, **options})

@@ -30,9 +30,10 @@ def transfers_of(order: ShardOrder, num_kv_heads: int, src_tp: int) -> set[tuple
 
 
 def start_pieces(sender: KVSender, order: ShardOrder, num_kv_heads: int, src_tp: int, src_rank: int) -> None:
-    """Open this rank's transfers of the request (its layers follow with `sender.send_layer`).
+    """Open this rank's transfers of the request (its layers follow with `sender.send_layer`); never waits.
 
-    Raises IncompatiblePeerError, ConnectionError or ValueError when one cannot start."""
+    Raises ValueError when the reservation does not fit the plan; a receiver that refuses or does not
+    answer ends its transfer with a `failed` event later."""
     addresses, res = _addresses(order), order.reservation
     for piece in pieces_from(num_kv_heads, src_tp, src_rank, res.tp_size):
         target = PeerTarget.from_piece(piece, addresses[piece.dst_rank], res.block_ids)

@@ -1,8 +1,8 @@
 """What the router adds: routing decisions/s, and HTTP request rate and latency with workers that answer at once.
 
 Stub workers are the real control plane with stub worker objects behind it: each
-runs in its own process, on a real `StepLoop` served by the real `ControlServer`
-(the calls tables of the decode and prefill actors), so the router calls them
+runs in its own process, on a real worker loop behind the real `ControlService` on
+an I/O thread (the calls of the decode and prefill actors), so the router calls them
 over the same ZMQ control sockets as real workers, and tokens come back over the
 real token stream (TokenDeltas pushed over ZMQ). Decode reserves at once,
 prefill pushes the first token and the final delta at once. So what is measured
@@ -37,9 +37,7 @@ import aiohttp
 import httpx
 
 from decode_worker.actor import DECODE_CALLS
-from engine.step_loop import StepLoop
 from kvtransfer.control_client import control_endpoint
-from kvtransfer.control_server import ControlServer
 from kvtransfer.handoff import start_request_async
 from kvtransfer.protocol import DecodeReservation, GenerateRequest, PrefillTask, SamplingSpec, TokenDelta, WorkerLoad
 from kvtransfer.token_stream import Pushers
@@ -47,12 +45,18 @@ from prefill_worker.actor import PREFILL_CALLS
 from router.policy import make_policy
 from router.registry import WorkerRegistry
 from router.token_stream import TokenStreamConsumer
+from runtime.control_service import ControlService
+from runtime.io_thread import IOThread
+from runtime.load_board import LoadBoard
+from runtime.loop import CallsOnlyWorker, WorkerLoop
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
-class StubDecode:
+class StubDecode(CallsOnlyWorker):
     """Reserves every request at once; the stub prefill does the streaming."""
+
+    load = WorkerLoad("decode-0", 0, 0, 0, 1000, 1000, 0.0)
 
     def reserve(self, request: GenerateRequest) -> DecodeReservation:
         return DecodeReservation(request.request_id, False, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", (0,), 0)
@@ -60,18 +64,11 @@ class StubDecode:
     def abort(self, request_id: str) -> None:
         pass
 
-    def load(self) -> WorkerLoad:
-        return WorkerLoad("decode-0", 0, 0, 0, 1000, 1000, 0.0)
-
-    def step(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
 
 class StubPrefill(StubDecode):
     """Streams `max_tokens` tokens at once: the first alone (as prefill does), the rest with the final delta."""
+
+    load = WorkerLoad("prefill-0", 0, 0, 0, 1000, 1000, 0.0)
 
     def __init__(self):
         self.pushers = Pushers()
@@ -83,16 +80,14 @@ class StubPrefill(StubDecode):
         rest = tuple(100 + i % 200 for i in range(1, n))
         self.pushers.send(to, TokenDelta(rid, 1, rest, True, "length", len(req.prompt_token_ids), n, 0))
 
-    def load(self) -> WorkerLoad:
-        return WorkerLoad("prefill-0", 0, 0, 0, 1000, 1000, 0.0)
-
 
 def serve_stub(role: str) -> None:
-    """Child process: one stub worker on a step loop behind a control server; prints its address, runs until killed."""
+    """Child process: one stub worker on a worker loop behind a control socket; prints its address, runs until killed."""
     worker, calls = (StubDecode(), DECODE_CALLS) if role == "decode" else (StubPrefill(), PREFILL_CALLS)
-    loop = StepLoop(lambda: worker, f"{role}-0")
-    server = ControlServer(loop.submit, calls)
-    print(server.address, flush=True)
+    board = LoadBoard(f"{role}-0")
+    loop = WorkerLoop(f"{role}-0", board, lambda deliver: worker)
+    io = IOThread(f"{role}-0-io", lambda io: [ControlService(board, calls, loop.post, io.post)])
+    print(io.services[0].address, flush=True)
     sys.stdin.read()  # until the parent closes our stdin
 
 

@@ -141,13 +141,16 @@ class DecoderForCausalLM(nn.Module):
                 module.prepare(ops)
         self.lm_head_weight = ops.prepare_weight(self.lm_head.weight.data)
 
-    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, attn_fn) -> torch.Tensor:
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, attn_fn,
+                layer_done: Callable[[int], None] | None = None) -> torch.Tensor:  # fmt: skip
         # input_ids, positions: [num_tokens]; kv_caches: one (key_cache, value_cache) per layer
         residual = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
         hidden = torch.zeros_like(residual)  # nothing to add before the first norm
         ctx = StepContext(*self.rotary.lookup(positions, residual.dtype), meta, attn_fn, self.ops)
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             hidden, residual = layer(ctx, hidden, residual, kv_cache)
+            if layer_done is not None:
+                layer_done(i)  # layer i's KV of this step is in the cache (engine.kv_connector)
         hidden, _ = self.ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
         return hidden
 

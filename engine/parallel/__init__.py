@@ -5,6 +5,5 @@
 - `group`: the process group and the all-reduce the row-parallel layers call;
 - `step_broadcast`: rank 0 sends each step's batch to the other ranks;
 - `follower`: the loop ranks > 0 run;
-- `follower_host`: a follower rank as a service (forward thread plus an I/O worker), its Ray actor body;
 - `ray_group`: a tensor-parallel worker's n Ray actors in one placement group, started together.
 """

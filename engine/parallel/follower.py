@@ -2,17 +2,17 @@
 
 A worker process of rank r > 0 does `TPFollower(config).run()` while rank 0
 runs `LLMEngine(config)` (same config but for `parallel.rank`); `run()` returns
-when rank 0's `LLMEngine.shutdown()` sends the shutdown message. `on_step`
-gets each step's attachment (bytes rank 0's caller added, usually empty)
-before that step's forward: a prefill worker's follower learns there which
-KV transfers the forward starts.
+when rank 0's `LLMEngine.shutdown()` sends the shutdown message. A follower's
+KV connector (`engine.kv_connector.FollowerConnector`) gets each step's
+attachment (bytes rank 0's connector added, usually empty) before that step's
+forward, and each layer as its KV is written: a prefill worker's follower
+learns there which KV transfers the forward starts and sends its own heads.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 from engine.config import EngineConfig
+from engine.kv_connector import FollowerConnector
 from engine.model_runner import ModelRunner
 
 
@@ -29,7 +29,7 @@ class TPFollower:
             raise ValueError("rank 0 of a tensor-parallel engine runs LLMEngine, not TPFollower")
         self.config = config
         self.runner = ModelRunner(config, show_progress=show_progress)
-        self.on_step: Callable[[bytes], None] | None = None
+        self.kv_connector: FollowerConnector | None = None  # set before `run` by the worker built on this rank
 
     def run(self) -> int:
         """Run steps until rank 0 shuts down; return how many ran. Leaves the process group."""
@@ -37,9 +37,10 @@ class TPFollower:
         try:
             while (step := self.runner.receive_step()) is not None:
                 batch, attachment = step
-                if self.on_step is not None:
-                    self.on_step(attachment)
-                self.runner.forward(batch)
+                connector = self.kv_connector
+                if connector is not None:
+                    connector.on_step(attachment)
+                self.runner.forward(batch, connector.save_layer if connector is not None else None)
                 steps += 1
         finally:
             self.runner.shutdown()

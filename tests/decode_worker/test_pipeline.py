@@ -1,4 +1,5 @@
-"""Prefill and decode workers on their own threads, real sockets, real engines, through the handoff (no Ray)."""
+"""Prefill and decode workers hosted in this process (loop and I/O threads), real sockets, real engines,
+through the handoff (no Ray)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import contextlib
 
 import pytest
 
-from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
+from decode_worker.actor import decode_worker_maker
+from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs, SamplingParams
-from engine.step_loop import StepLoop
 from kvtransfer.handoff import HandoffError, HandoffTimeouts, abort_request, start_request
 from kvtransfer.token_stream import TokenStream
-from prefill_worker.worker import PrefillWorker
+from prefill_worker.actor import prefill_worker_maker
+from prefill_worker.worker import PrefillWorkerConfig
+from runtime.hosting import HostedWorker
 from tests.conftest import hf_greedy
 from tests.e2e.harness import PROMPTS, LoopEndpoint, request, run_requests, wait_for
 
@@ -22,15 +25,14 @@ def _args(model_dir: str, **kwargs) -> EngineArgs:
 
 @contextlib.contextmanager
 def _workers(model_dir: str, decode_config=DecodeWorkerConfig(), decode_args=None, prefill_args=None):
-    """A prefill and a decode worker on StepLoops; checks both pools are all free before stopping them."""
-    prefill = StepLoop(lambda: PrefillWorker(prefill_args or _args(model_dir)), "prefill")
-    decode = StepLoop(lambda: DecodeWorker(decode_args or _args(model_dir), decode_config), "decode")
+    """A prefill and a decode worker hosted here; checks both pools are all free before stopping them."""
+    prefill = HostedWorker("prefill", prefill_worker_maker(prefill_args or _args(model_dir), PrefillWorkerConfig()))
+    decode = HostedWorker("decode", decode_worker_maker(decode_args or _args(model_dir), decode_config))
     stream = TokenStream()
     try:
         yield LoopEndpoint(decode), LoopEndpoint(prefill), stream
-        for loop in (prefill, decode):
-            wait_for(lambda: loop.call(lambda w: w.is_idle()), f"{loop.name} to go idle")
-            assert loop.call(lambda w: w.pool_all_free()), f"{loop.name} leaked blocks"
+        for hosted in (prefill, decode):
+            wait_for(hosted.is_clean, f"{hosted.name} to go idle with every block free")
     finally:
         prefill.stop()
         decode.stop()
@@ -48,7 +50,7 @@ def test_disaggregated_matches_transformers_and_reuses_prefixes(tiny_model_dirs,
         # A second wave on the same prefixes: decode keeps its cached blocks and receives only the rest.
         again = {f"again-{rid}": prompt for rid, prompt in PROMPTS.items()}
         results2, reservations2 = run_requests(stream, again, lambda i: (decode, prefill))
-        load = prefill.loop.call(lambda w: w.load())
+        load = prefill.hosted.heartbeat()
     for rid, prompt in PROMPTS.items():
         expected = hf_greedy(model_dir, prompt, 8)
         assert results[rid].token_ids == expected, rid

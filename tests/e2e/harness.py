@@ -1,11 +1,10 @@
-"""Driving prefill and decode workers through the real handoff, in-process (StepLoops) or on Ray."""
+"""Driving prefill and decode workers through the real handoff, hosted in-process or on Ray."""
 
 from __future__ import annotations
 
 import time
 
 from engine import SamplingParams
-from engine.step_loop import StepLoop
 from kvtransfer.engine_bridge import sampling_spec
 from kvtransfer.handoff import EncodedCalls, HandoffTimeouts, start_request
 from kvtransfer.protocol import GenerateRequest
@@ -26,19 +25,20 @@ PROMPTS = {
 
 
 class LoopEndpoint:
-    """A worker on its StepLoop, called like a remote one (every call runs on the worker's thread)."""
+    """A worker hosted in this process (`runtime.hosting.HostedWorker`), called like a remote one:
+    each call goes through its loop as the router's do."""
 
-    def __init__(self, loop: StepLoop):
-        self.loop = loop
+    def __init__(self, hosted):
+        self.hosted = hosted
 
     def reserve(self, request):
-        return self.loop.call(lambda w: w.reserve(request))
+        return self.hosted.call("reserve", request)
 
     def prefill(self, task) -> None:
-        self.loop.call(lambda w: w.prefill(task))
+        self.hosted.call("prefill", task)
 
     def abort(self, request_id: str) -> None:
-        self.loop.call(lambda w: w.abort(request_id))
+        self.hosted.call("abort", request_id)
 
 
 def ray_endpoint(handle) -> EncodedCalls:

@@ -231,9 +231,9 @@ def test_kv_transfer_metrics_count_one_request_by_its_bytes(served):
     from kvtransfer.protocol import WorkerLoad
 
     # K and V of one block in every layer, and the block size, read off the decode worker's real cache tensors.
-    block_bytes, block_size = ray.get(served.actors[1].__ray_call__.remote(lambda actor: actor.loop.call(
-        lambda w: (sum(k[0].nbytes + v[0].nbytes for k, v in w.engine.runner.kv_caches),
-                   w.engine.runner.kv_caches[0][0].shape[1]))))  # fmt: skip
+    block_bytes, block_size = ray.get(served.actors[1].__ray_call__.remote(lambda actor: (
+        sum(k[0].nbytes + v[0].nbytes for k, v in actor.hosted.worker.engine.runner.kv_caches),
+        actor.hosted.worker.engine.runner.kv_caches[0][0].shape[1])))  # fmt: skip (the cache's shape never changes)
     _wait_all_free(served)  # earlier tests' transfers are over; the router shows them once it has refreshed
     settled = decode(ray.get(served.actors[1].load.remote()), WorkerLoad)
     wait_for(lambda: _decode_counter(served, "kv_transfers") == settled.kv_transfers, "the router to catch up")

@@ -49,9 +49,10 @@ def served(ray_session, tiny_model_dirs):
         yield types.SimpleNamespace(client=client, model_dir=model_dir, ray=ray_session, **vars(stack))
 
 
-def _in_decode_worker(s, fn):
-    """`fn(decode worker)` on the decode actor's step-loop thread."""
-    return s.ray.get(s.actors[1].__ray_call__.remote(lambda actor: actor.loop.call(fn)))
+def _decode_addresses(s) -> tuple[str, str]:
+    """The decode worker's KV receiver and inbox addresses (fixed once it is built)."""
+    return s.ray.get(s.actors[1].__ray_call__.remote(
+        lambda actor: (actor.hosted.worker.receiver_address, actor.hosted.worker.inbox.address)))  # fmt: skip
 
 
 def _decode_refusals(s) -> dict:
@@ -60,7 +61,7 @@ def _decode_refusals(s) -> dict:
 
 def test_internal_sockets_refuse_hostile_traffic_and_the_cluster_still_serves(served):
     s = served
-    kv_address, inbox_address = _in_decode_worker(s, lambda w: (w.receiver.address, w.inbox.address))
+    kv_address, inbox_address = _decode_addresses(s)
     stream_address = s.app.state.router.dispatcher.stream.address
     oversized = SMALL_MESSAGE_BYTES + 1  # over every limit here (the tiny model's KV cache layers are smaller)
     router_before, worker_before = refusals(), _decode_refusals(s)

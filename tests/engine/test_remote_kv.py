@@ -146,23 +146,41 @@ def test_first_token_can_finish_the_request(engines):
     assert _all_free(decode)
 
 
-def test_layer_hook_sees_each_layer_final_during_the_forward(tiny_model_dirs):
-    from engine.layer_hook import install_layer_hook
-
+def test_connector_sees_the_forward_then_each_layer_final_during_it(tiny_model_dirs):
     prefill = _engine(tiny_model_dirs["llama"])
     req = add_prefill_request(prefill, "r", _BASE[:40], GREEDY)
-    seen = []  # (layer, copy of every layer's blocks of the request at that moment)
+    seen = []  # ("forward", requests it completes) then (layer, copy of every layer's blocks of the request)
 
-    def on_layer_done(layer):
-        ids = [b.block_id for b in req.blocks]
-        seen.append((layer, [k[ids].clone() for k, _ in prefill.runner.kv_caches]))
+    class Connector:
+        def before_forward(self, sched):
+            seen.append(("forward", [s.request.request_id for s in sched.scheduled if s.samples]))
+            return b""
 
-    install_layer_hook(prefill.runner, on_layer_done)
+        def save_layer(self, layer):
+            ids = [b.block_id for b in req.blocks]
+            seen.append((layer, [k[ids].clone() for k, _ in prefill.runner.kv_caches]))
+
+    prefill.kv_connector = Connector()
     _run(prefill)
     ids = [b.block_id for b in req.blocks]
     final = [k[ids] for k, _ in prefill.runner.kv_caches]
-    assert [layer for layer, _ in seen] == [0, 1]  # one forward, layers in order
-    (_, at_layer_0), (_, at_layer_1) = seen
+    assert [event for event, _ in seen] == ["forward", 0, 1]  # one forward, layers in order
+    _, (_, at_layer_0), (_, at_layer_1) = seen
+    assert seen[0][1] == ["r"]
     assert torch.equal(at_layer_0[0], final[0]) and not torch.equal(at_layer_0[1], final[1])  # 1 not yet written
     assert torch.equal(at_layer_1[1], final[1])
     release_blocks(prefill, req)
+
+
+def test_admission_waits_for_a_seat(tiny_model_dirs):
+    decode = _engine(tiny_model_dirs["llama"], max_num_seqs=1)
+    decode.add_request("busy", _BASE[:5], GREEDY)
+    decode.step()
+    reserve_remote_kv(decode, "landed", _BASE[:20], GREEDY)
+    assert admit_remote_kv(decode, "landed", 7) is None  # the one seat is taken: still waiting for it
+    assert waiting_for_kv(decode) == ["landed"]
+    _run(decode)
+    out = admit_remote_kv(decode, "landed", 7)
+    assert out.new_token_ids == [7] and not waiting_for_kv(decode)
+    _run(decode)
+    assert _all_free(decode)

@@ -30,7 +30,7 @@ def poll_until_event(endpoint, polls: int = 2000, timeout_ms: int = 50) -> list:
 
 @contextlib.contextmanager
 def serving(*receivers):
-    """Poll the receivers from a thread (a sender's handshake blocks on their answer); yield their events."""
+    """Poll the receivers from a thread (a sender waits for their answers as it polls); yield their events."""
     events, stop = [], threading.Event()
 
     def loop():

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import zmq
 
-from kvtransfer import IncompatiblePeerError, KVReceiver, KVSender, KVSpec, PeerTarget, TransferTimeouts
+from kvtransfer import KVReceiver, KVSender, KVSpec, PeerTarget, TransferTimeouts
 from kvtransfer.codec import encode
 from kvtransfer.protocol import PROTOCOL_VERSION, Hello, KVChunk, Refused, Welcome, compat_hash
 from kvtransfer.resharding import pieces_from, rank_heads, shard_heads
@@ -48,12 +48,16 @@ def test_resharding_through_the_connector(src_tp, dst_tp):
             for layer in range(SPEC.num_layers):
                 sender.send_layer("r", layer, *shard[layer])
             senders.append((sender, len(pieces)))
-        # A receiver fed by several senders says done to each once all of them have sent.
+        # A receiver fed by several senders says done to each once all of them have sent (each sender
+        # completes its handshake, and so sends its layers, only as it is polled: poll them all in turn).
+        done = {sender: [] for sender, _ in senders}
+        for _ in range(2000):
+            if all(len(done[sender]) >= n for sender, n in senders):
+                break
+            for sender, _ in senders:
+                done[sender] += sender.poll(2)
         for sender, num_pieces in senders:
-            done = []
-            while len(done) < num_pieces:
-                done += poll_until_event(sender, 400, 10)
-            assert {e.kind for e in done} <= {"done"}
+            assert [e.kind for e in done[sender]] == ["done"] * num_pieces
             sender.close()
     assert sorted(e.kind for e in events) == ["done"] * dst_tp
     for r, receiver in enumerate(receivers):
@@ -158,11 +162,29 @@ def test_incompatible_peer_is_refused_at_handshake():
     receiver = KVReceiver(zero_caches(SPEC, 4), SPEC, LOOPBACK)
     other = KVSpec(**{**SPEC.__dict__, "block_size": 16})
     with serving(receiver):
-        with pytest.raises(IncompatiblePeerError, match="block_size: peer 16 != ours 4"):
-            KVSender(other, "p0").send("r", [0], PeerTarget(receiver.address, (0,)))
-        with pytest.raises(IncompatiblePeerError, match="TP size 3"):
-            KVSender(SPEC, "p1", tp_size=3).send("r", [0], PeerTarget(receiver.address, (0,)))
+        for sender, why in ((KVSender(other, "p0"), "block_size: peer 16 != ours 4"),
+                            (KVSender(SPEC, "p1", tp_size=3), "TP size 3")):  # fmt: skip
+            sender.send("r", [0], PeerTarget(receiver.address, (0,)))  # returns at once: the handshake follows
+            sender.send_layer("r", 0, *zero_caches(SPEC, 4)[0])  # waits for it, then is dropped with the transfer
+            (event,) = poll_until_event(sender, 400, 10)
+            assert event.kind == "failed" and "refused us" in event.reason and why in event.reason
+            assert not sender.pending() and not sender.sockets()  # the refused link is gone
+            sender.close()
     assert receiver.stats.refused_peers == 2
+
+
+def test_a_receiver_that_never_answers_fails_the_transfer_without_blocking():
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes the connection, never answers
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    clock = FakeClock()
+    sender = KVSender(SPEC, "p0", timeouts=TransferTimeouts(handshake_s=2.0), clock=clock)
+    sender.send("r", [0], PeerTarget(f"tcp://127.0.0.1:{port}", (0,)))
+    assert sender.poll(10) == [] and sender.pending() == [("r", f"tcp://127.0.0.1:{port}")]
+    clock.now = 2.5
+    (event,) = sender.poll(0)
+    assert event.kind == "failed" and "did not answer the handshake" in event.reason
+    sender.close()
+    silent.close()
 
 
 def test_chunked_prefill_sends_blocks_as_they_are_computed():

@@ -1,30 +1,37 @@
 """The control plane's server and client over real loopback sockets, a small worker object behind the server.
 
-The worker runs on a real `StepLoop` (as in a worker actor), or, where a test needs calls to finish out
-of order, on a thread pool (the server only needs `submit(fn) -> Future`).
+The server is the real `runtime.control_service.ControlService` on a real I/O thread; the calls it hands on
+run on a real worker loop, or, where a test needs calls to finish out of order, on a thread pool (the
+service only needs somewhere to deliver each `Call`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import zmq
 
-from engine.step_loop import StepLoop
 from kvtransfer.codec import decode, encode
 from kvtransfer.control_client import CallFailed, CallRejected, CallTimedOut, ControlClient, WorkerGone, control_endpoint
-from kvtransfer.control_server import COMMON_CALLS, ControlServer
 from kvtransfer.protocol import ControlCall, ControlReply, GenerateRequest, SamplingSpec, WorkerLoad
 from router.policy import make_policy
 from router.registry import WorkerFailed, WorkerRegistry
+from runtime.control_service import ControlService, request_id_arg
+from runtime.io_thread import IOThread
+from runtime.load_board import LoadBoard, LoopSnapshot
+from runtime.loop import CallsOnlyWorker, WorkerLoop
 from tests.e2e.harness import wait_for
 
+ECHO_LOAD = WorkerLoad("echo", 1, 2, 0, 30, 40, 0.5)
 
-class EchoWorker:
+
+class EchoWorker(CallsOnlyWorker):
     """Answers `echo` calls; `hold` blocks until `release` is set (from another call, or the test)."""
+
+    load = ECHO_LOAD
 
     def __init__(self):
         self.release = threading.Event()
@@ -42,23 +49,38 @@ class EchoWorker:
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    def load(self) -> WorkerLoad:
-        return WorkerLoad("echo", 1, 2, 0, 30, 40, 0.5)
 
-    def step(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-
-def _echo(text):
+def _echo_arg(text):
     if not isinstance(text, str):
         raise ValueError("echo takes a string")
-    return lambda worker: worker.echo(text)
+    return text
 
 
-CALLS = {"echo": _echo, **COMMON_CALLS}
+CALLS = {"echo": _echo_arg, "abort": request_id_arg}
+
+
+class Server:
+    """A control service on its own I/O thread, delivering calls to `deliver`."""
+
+    def __init__(self, deliver, max_message_bytes: int = 16 << 20):
+        self.board = LoadBoard("echo")
+        self.board.publish(LoopSnapshot(ECHO_LOAD, True, True))
+        self.io = IOThread("echo-io", lambda io: [ControlService(self.board, CALLS, deliver, io.post,
+                                                                 max_message_bytes=max_message_bytes)])  # fmt: skip
+        self.service = self.io.services[0]
+        self.address = self.service.address
+
+    @property
+    def rejected(self) -> int:
+        return self.service.rejected
+
+    @property
+    def dropped(self) -> int:
+        return self.service.dropped
+
+    def close(self) -> None:
+        """Its socket closes, as when the worker's process dies."""
+        self.io.stop()
 
 
 @pytest.fixture
@@ -70,9 +92,9 @@ def worker():
 
 @pytest.fixture
 def looped(worker):
-    """A server in front of `worker` on a real step loop."""
-    loop = StepLoop(lambda: worker, "echo")
-    server = ControlServer(loop.submit, CALLS)
+    """A server in front of `worker` on a real worker loop."""
+    loop = WorkerLoop("echo", LoadBoard("echo"), lambda deliver: worker)
+    server = Server(loop.post)
     yield server
     server.close()
     loop.stop()
@@ -82,7 +104,7 @@ def looped(worker):
 def pooled(worker):
     """A server whose calls run on two threads, so they may finish in any order."""
     with ThreadPoolExecutor(2) as pool:
-        server = ControlServer(lambda fn: pool.submit(fn, worker), CALLS)
+        server = Server(lambda call: pool.submit(worker.handle, call))
         yield server
         server.close()
         worker.release.set()
@@ -95,7 +117,7 @@ def test_calls_through_the_endpoint_interface(looped, worker):
         await endpoint.abort("req-7")
         return load
 
-    assert asyncio.run(main()) == WorkerLoad("echo", 1, 2, 0, 30, 40, 0.5)
+    assert asyncio.run(main()) == ECHO_LOAD
     assert worker.aborted == ["req-7"]
 
 
@@ -173,8 +195,8 @@ def test_garbage_is_dropped_and_counted_and_the_server_keeps_serving(looped):
 
 
 def test_a_message_over_the_size_limit_never_reaches_the_worker(worker):
-    loop = StepLoop(lambda: worker, "echo")
-    server = ControlServer(loop.submit, CALLS, max_message_bytes=1024)
+    loop = WorkerLoop("echo", LoadBoard("echo"), lambda deliver: worker)
+    server = Server(loop.post, max_message_bytes=1024)
 
     async def main():
         big = ControlClient(server.address, timeout_s=5.0)
@@ -190,10 +212,8 @@ def test_a_message_over_the_size_limit_never_reaches_the_worker(worker):
 
 
 def test_the_registry_marks_a_worker_dead_on_failure_and_timeout_but_not_on_rejection(looped, worker):
-    stopped_loop = StepLoop(lambda: worker, "stopped")
-    stopped_loop.stop()  # every call now fails, as a dying worker's would
-    failing = ControlServer(stopped_loop.submit, CALLS)
-    hung = ControlServer(lambda fn: Future(), CALLS)  # takes calls, never answers
+    failing = Server(lambda call: call.answer(None, RuntimeError("the worker is stopping")))  # as a dying worker's
+    hung = Server(lambda call: None)  # takes calls, never answers
 
     async def main():
         registry = WorkerRegistry(make_policy("round_robin"))
@@ -204,7 +224,7 @@ def test_the_registry_marks_a_worker_dead_on_failure_and_timeout_but_not_on_reje
             await states["healthy"].endpoint.reserve(request)
         for name in ("failing", "hung"):
             with pytest.raises(WorkerFailed):
-                await states[name].endpoint.load()
+                await states[name].endpoint.abort("r-1")
         return {name: state.alive for name, state in states.items()}
 
     try:

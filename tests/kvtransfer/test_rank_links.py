@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from kvtransfer.codec import decode, encode
-from kvtransfer.protocol import DropShard, ExpectShard, RankEndpoint, ShardEnded, ShardOrder, ShardOrders
+from kvtransfer.protocol import DropShard, ExpectShard, RankAck, RankEndpoint, ShardEnded, ShardOrder, ShardOrders
 from kvtransfer.protocol import DecodeReservation
 from kvtransfer.rank_links import RankControl, RankLinks, RankTimeout
 
@@ -15,10 +15,9 @@ from kvtransfer.rank_links import RankControl, RankLinks, RankTimeout
 class _Follower:
     """A follower I/O loop on its own thread: applies ExpectShard/DropShard, reports ends."""
 
-    def __init__(self, rank: int, answer: bool = True):
+    def __init__(self, rank: int):
         self.control = RankControl(rank)
         self.applied: list = []
-        self.answer = answer
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -27,8 +26,7 @@ class _Follower:
         while not self._stop.is_set():
             for msg in self.control.poll(5):
                 self.applied.append(msg)
-                if self.answer:
-                    self.control.ack(msg)
+                self.control.ack(msg)
                 if isinstance(msg, ExpectShard):
                     self.control.report(msg.request_id, "done")
         self.control.close()
@@ -38,34 +36,44 @@ class _Follower:
         self._thread.join()
 
 
-def test_call_returns_once_every_rank_applied_it_and_reports_come_back():
+def _read_until(links: RankLinks, count: int) -> list:
+    got = []
+    for _ in range(1000):
+        if len(got) >= count:
+            return got
+        links.socket.poll(10)
+        got += links.read()
+    raise AssertionError(f"only {got} of {count} messages came")
+
+
+def test_acks_and_reports_come_back_without_rank_0_waiting():
     followers = [_Follower(rank) for rank in (1, 2, 3)]
     links = RankLinks([RankEndpoint(f.control.rank, f.control.address) for f in followers], ack_timeout_s=10)
     try:
-        links.call(ExpectShard("r1", (4, 5)))
-        assert all(f.applied[-1] == ExpectShard("r1", (4, 5)) for f in followers)  # applied before call returned
-        reports = []
-        while len(reports) < 3:
-            reports += links.poll()
+        links.tell(ExpectShard("r1", (4, 5)))  # returns at once
+        got = _read_until(links, 6)
+        acks = sorted((m.rank, m.kind) for m in got if isinstance(m, RankAck))
+        assert acks == [(1, "ExpectShard"), (2, "ExpectShard"), (3, "ExpectShard")]
+        reports = [m for m in got if isinstance(m, ShardEnded)]
         assert sorted(r.rank for r in reports) == [1, 2, 3]
         assert all(r == ShardEnded("r1", r.rank, "done") for r in reports)
-        links.call(DropShard("r1", "client went away"))
+        assert all(f.applied[-1] == ExpectShard("r1", (4, 5)) for f in followers)
+        links.tell(DropShard("r1", "client went away"))
+        assert sorted(m.kind for m in _read_until(links, 3)) == ["DropShard"] * 3
     finally:
         links.close()
         for f in followers:
             f.stop()
 
 
-def test_a_rank_that_does_not_acknowledge_times_out_naming_it():
-    followers = [_Follower(1), _Follower(2, answer=False)]
-    links = RankLinks([RankEndpoint(f.control.rank, f.control.address) for f in followers], ack_timeout_s=0.5)
+def test_a_rank_that_does_not_answer_at_start_up_times_out_naming_it():
+    follower, stuck = _Follower(1), RankControl(2)  # rank 2's I/O thread never reads its socket
     try:
-        with pytest.raises(RankTimeout, match=r"rank\(s\) \[2\] did not acknowledge ExpectShard 'r1' within 0.5s"):
-            links.call(ExpectShard("r1", (4,)))
+        with pytest.raises(RankTimeout, match=r"rank\(s\) \[2\] did not acknowledge ReportTo within 0.5s"):
+            RankLinks([RankEndpoint(1, follower.control.address), RankEndpoint(2, stuck.address)], ack_timeout_s=0.5)
     finally:
-        links.close()
-        for f in followers:
-            f.stop()
+        follower.stop()
+        stuck.close()
 
 
 def test_shard_orders_round_trip_as_a_step_attachment():

@@ -1,37 +1,38 @@
-"""A prefill worker against a bare KV receiver: it frees its blocks on every end of a transfer.
+"""A prefill worker hosted in this process against a bare KV receiver: it frees its blocks on every end of a transfer.
 
 done: the receiver's blocks hold the prefill's KV bit for bit; failed: the receiver
 rejects a chunk; expired: the receiver stopped expecting the request and its
-heartbeats no longer renew the lease. The worker is stepped here, on the test's thread.
+heartbeats no longer renew the lease. Each end reaches decode's inbox as it would.
 """
 
 from __future__ import annotations
-
-import time
 
 import pytest
 
 from engine import EngineArgs
 from kvtransfer.engine_bridge import kv_spec_for, sampling_spec
-from kvtransfer.protocol import DecodeReservation, FirstToken, GenerateRequest, PrefillTask
+from kvtransfer.protocol import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, PrefillTask
 from kvtransfer.receiver import KVReceiver
 from kvtransfer.token_stream import PullSocket, TokenStream
-from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
+from prefill_worker.actor import prefill_worker_maker
+from prefill_worker.records import Phase
+from prefill_worker.worker import PrefillWorkerConfig
+from runtime.hosting import HostedWorker
 from tests.conftest import hf_greedy
-from tests.e2e.harness import GREEDY, PROMPTS
+from tests.e2e.harness import GREEDY, PROMPTS, wait_for
 from tests.kvtransfer.peers import FAST, same_bits, serving, zero_caches
 
 
 @pytest.fixture
 def rig(tiny_model_dirs):
     model_dir = tiny_model_dirs["llama"]
-    worker = PrefillWorker(EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256),
-                           PrefillWorkerConfig("p0", timeouts=FAST))  # fmt: skip
-    spec = kv_spec_for(worker.engine.config)
+    args = EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256)
+    hosted = HostedWorker("p0", prefill_worker_maker(args, PrefillWorkerConfig("p0", timeouts=FAST)))
+    spec = kv_spec_for(hosted.worker.engine.config)
     receiver = KVReceiver(zero_caches(spec, 16), spec, "tcp://127.0.0.1:0", timeouts=FAST)
-    inbox, stream = PullSocket((FirstToken,)), TokenStream()
-    yield model_dir, worker, receiver, inbox, stream
-    worker.close()
+    inbox, stream = PullSocket((FirstToken, PrefillFailed)), TokenStream()
+    yield model_dir, hosted, receiver, inbox, stream
+    hosted.stop()
     for closable in (receiver, inbox, stream):
         closable.close()
 
@@ -42,58 +43,65 @@ def _task(request_id, prompt, dst_block_ids, receiver, inbox, stream) -> Prefill
                                                   tuple(dst_block_ids)))  # fmt: skip
 
 
-def _step_until_idle(worker: PrefillWorker, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not worker.is_idle():
-        assert time.monotonic() < deadline, "prefill worker never went idle"
-        worker.step()
-        time.sleep(0.002)
+def _fill(got: list, inbox: PullSocket, count: int) -> bool:
+    got += inbox.poll(10)
+    return len(got) >= count
 
 
 def test_done_moves_the_kv_bit_for_bit_then_frees(rig):
-    model_dir, worker, receiver, inbox, stream = rig
+    model_dir, hosted, receiver, inbox, stream = rig
     prompt = PROMPTS["shared-b"]  # 60 tokens: 4 blocks
     receiver.recv("r", [9, 3, 4, 12])
+    hosted.call("prefill", _task("r", prompt, [9, 3, 4, 12], receiver, inbox, stream))
+    records = hosted.worker.records
+    # The forward ran and its layers wait on the sender until the receiver answers: the blocks are held.
+    wait_for(lambda: "r" in records and records["r"].phase is Phase.SENDING, "the forward")
+    src = [b.block_id for b in records["r"].request.blocks]
     with serving(receiver) as events:
-        worker.prefill(_task("r", prompt, [9, 3, 4, 12], receiver, inbox, stream))
-        worker.step()  # the forward, sending each layer as it is computed
-        src = [b.block_id for b in worker._held["r"].blocks]
-        _step_until_idle(worker)
-    assert [e.kind for e in events] == ["done"] and worker.transfers_ended == {"done": 1}
-    for (k, v), (k_src, v_src) in zip(receiver.kv_caches, worker.engine.runner.kv_caches):
+        wait_for(hosted.is_clean, "the transfer to end and the blocks to be free")
+    assert [e.kind for e in events] == ["done"]
+    for (k, v), (k_src, v_src) in zip(receiver.kv_caches, hosted.worker.engine.runner.kv_caches):
         assert same_bits(k[[9, 3, 4, 12]], k_src[src]) and same_bits(v[[9, 3, 4, 12]], v_src[src])
     first = hf_greedy(model_dir, prompt, 1)[0]
-    assert inbox.poll(1000) == [FirstToken("r", first)]
+    got = []
+    wait_for(lambda: _fill(got, inbox, 1), "the first token in decode's inbox")
+    assert got == [FirstToken("r", first)]
     stream.poll(1000)
     assert stream.requests["r"].token_ids == [first]
-    load = worker.load()
-    assert worker.pool_all_free() and (load.waiting, load.running, load.transferring) == (0, 0, 0)
+    load = hosted.heartbeat()
+    assert (load.waiting, load.running, load.transferring, load.steps, load.step_running_s) == (0, 0, 0, 1, 0.0)
 
 
-def test_failed_and_expired_transfers_free_the_blocks(rig):
-    _, worker, receiver, inbox, stream = rig
+def test_failed_and_expired_transfers_free_the_blocks_and_tell_decode(rig):
+    _, hosted, receiver, inbox, stream = rig
     receiver.recv("short", [1, 2])  # the task below names a third block: its chunks are rejected
     receiver.recv("gone", [5, 6])
     receiver.abort("gone")  # no longer expected: chunks dropped, heartbeats stop listing it
+    got = []
     with serving(receiver) as events:
-        worker.prefill(_task("short", PROMPTS["mid"] + [5] * 10, [1, 2, 3], receiver, inbox, stream))
-        worker.prefill(_task("gone", PROMPTS["mid"], [5, 6], receiver, inbox, stream))
-        _step_until_idle(worker)
+        hosted.call("prefill", _task("short", PROMPTS["mid"] + [5] * 10, [1, 2, 3], receiver, inbox, stream))
+        hosted.call("prefill", _task("gone", PROMPTS["mid"], [5, 6], receiver, inbox, stream))
+        wait_for(lambda: _fill(got, inbox, 4), "first tokens and failures in decode's inbox")
+        wait_for(hosted.is_clean, "every block to be free")
     assert [(e.request_id, e.kind) for e in events] == [("short", "failed")]
-    assert worker.transfers_ended == {"failed": 1, "expired": 1}
-    assert receiver.stats.dropped_chunks > 0 and worker.pool_all_free()
+    failures = {m.request_id: m.reason for m in got if isinstance(m, PrefillFailed)}
+    assert "failed" in failures["short"] and "expired" in failures["gone"]
+    assert receiver.stats.dropped_chunks > 0
 
 
-def test_abort_while_queued_or_transferring_frees_at_once(rig):
-    _, worker, receiver, inbox, stream = rig
+def test_abort_while_queued_or_transferring_frees_everything(rig):
+    _, hosted, receiver, inbox, stream = rig
     receiver.recv("moving", [5, 6])
-    with serving(receiver):
-        worker.prefill(_task("queued", PROMPTS["mid"], [1, 2], receiver, inbox, stream))
-        worker.abort("queued")  # before any forward
-        assert worker.is_idle() and worker.pool_all_free() and not worker.engine.requests
-        worker.prefill(_task("moving", PROMPTS["mid"], [5, 6], receiver, inbox, stream))
-        worker.step()  # forward done, every layer handed to the sender
-        assert worker.load().transferring == 1
-        worker.abort("moving")  # the sender tells the receiver; the blocks are ours to free now
-        assert worker.is_idle() and worker.pool_all_free()
-        assert worker.sender.pending() == []
+    hosted.call("prefill", _task("queued", PROMPTS["mid"], [1, 2], receiver, inbox, stream))
+    hosted.call("abort", "queued")  # before (or after) any forward: nothing is left
+    wait_for(hosted.is_clean, "the queued request to be gone")
+    hosted.call("prefill", _task("moving", PROMPTS["mid"], [5, 6], receiver, inbox, stream))
+    records = hosted.worker.records
+    wait_for(lambda: "moving" in records and records["moving"].phase is Phase.SENDING, "the forward")
+    hosted.call("abort", "moving")  # the sender lets go and tells the receiver; then the blocks are free
+    with serving(receiver) as events:
+        wait_for(hosted.is_clean, "the transferring request to be released")
+        wait_for(lambda: receiver.pending() == [] or events, "the receiver to hear of it", 10)
+    got = []
+    wait_for(lambda: _fill(got, inbox, 1), "the first token")
+    assert not any(isinstance(m, PrefillFailed) for m in got)  # an abort is no failure decode must hear of

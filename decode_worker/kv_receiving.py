@@ -1,0 +1,94 @@
+"""The decode side of the KV handoff on a worker's I/O thread: a `KVReceiver` and the commands that drive it.
+
+    loop thread ── ExpectKV(request, block ids) ──► receiver.recv        (before the reserve is answered)
+                ── ReleaseKV(request, reason) ────► receiver.abort, then KVReleased back:
+                                                    from then on nothing writes the request's blocks
+                ── AnswerAfter(answer, result) ───► answer(result) here, after the commands before it
+    loop thread ◄── KVEnded(request, done | failed, reason) ── the receiver's events
+
+The same service runs on rank 0 (events go to its loop) and on a tensor-parallel
+follower (events go to rank 0 as `ShardEnded` reports, `decode_worker.follower`).
+Chunks land while the loop thread runs other requests' steps: no running
+request's block table points at reserved blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from kvtransfer.receiver import KVReceiver
+
+logger = logging.getLogger("tandem.decode")
+
+
+@dataclass(frozen=True)
+class ExpectKV:
+    request_id: str
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReleaseKV:
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class AnswerAfter:
+    """Answer a call from the I/O thread, once every command posted before this one has run."""
+
+    answer: Callable
+    result: object
+
+
+@dataclass(frozen=True)
+class KVEnded:
+    request_id: str
+    kind: str  # "done" | "failed"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class KVReleased:
+    request_id: str
+    rank: int = 0
+
+
+class KVReceiving:
+    def __init__(self, receiver: KVReceiver, report: Callable[[object], None], rank: int = 0):
+        self.receiver, self.report, self.rank = receiver, report, rank
+
+    def commands(self) -> dict[type, Callable]:
+        return {ExpectKV: self.expect, ReleaseKV: self.release, AnswerAfter: lambda cmd: cmd.answer(cmd.result)}
+
+    def expect(self, cmd: ExpectKV) -> None:
+        try:
+            self.receiver.recv(cmd.request_id, cmd.block_ids)
+        except ValueError as err:  # the id is still in use by an earlier transfer: a router bug, fail this one
+            logger.error("cannot expect the KV of %s: %s", cmd.request_id, err)
+            self.report(KVEnded(cmd.request_id, "failed", str(err)))
+
+    def release(self, cmd: ReleaseKV) -> None:
+        self.receiver.abort(cmd.request_id, cmd.reason)  # a no-op once its transfer ended
+        self.report(KVReleased(cmd.request_id, self.rank))
+
+    def sockets(self) -> list:
+        return self.receiver.sockets()
+
+    def next_deadline(self) -> float | None:
+        return self.receiver.next_deadline()
+
+    def service(self) -> None:
+        for event in self.receiver.poll(0):
+            self.report(KVEnded(event.request_id, event.kind, event.reason))
+
+    def counters(self) -> dict:
+        """The heartbeat's KV figures (read from other threads: plain ints and floats)."""
+        stats = self.receiver.stats
+        return {"kv_transfers": stats.transfers_completed, "kv_transfer_bytes": stats.transfer_bytes,
+                "kv_transfer_seconds": stats.transfer_seconds}  # fmt: skip
+
+    def close(self) -> None:
+        self.receiver.close()

@@ -1,0 +1,95 @@
+"""One record per request on a decode worker, with a phase and the table of what moves it.
+
+                     reserve (local prefill) ─────────────────────────────────────┐
+                     reserve (remote KV)                                          ▼
+    EXPECTING_SHARDS ── acked ──► AWAITING_KV ── KV, shards, first token all in ──► RUNNING ── finished ──► (gone)
+     (TP: every rank           │  (admitted when the batch has a seat)             │
+      acks its reservation)    │                                                    │ abort, step failed
+            │                  │ transfer failed (recompute) ──► RELEASING ──► RUNNING (prefilled here)
+            │ ack timeout,     │ transfer failed (fail), abort, no first token,    │
+            │ abort            │ router lease ──────────────────► RELEASING ──► (gone: blocks freed, final delta)
+            └──────────────────┴──► RELEASING ──► (gone: reserve refused, blocks freed)
+
+RELEASING waits until nobody may write the request's blocks any more: rank 0's
+receiver and each follower rank acknowledge the release (a follower that does
+not within the ack timeout is logged and let go of); then the blocks go back
+to the pool (and the request is prefilled here, or ends). Every failure is
+one entry of `TRANSITIONS`; an event a phase does not list is late news (a KV
+chunk after an abort, a first token after a failure) and is ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from kvtransfer.protocol import DecodeReservation
+from runtime.control_service import Call
+
+
+class Phase(enum.Enum):
+    EXPECTING_SHARDS = "expecting_shards"
+    AWAITING_KV = "awaiting_kv"
+    RUNNING = "running"
+    RELEASING = "releasing"
+
+
+class Event(enum.Enum):
+    RANK_ACKED = "rank_acked"  # a follower rank acknowledged its reservation
+    ACK_TIMEOUT = "ack_timeout"  # a follower rank did not acknowledge (a reservation or a release) in time
+    KV_DONE = "kv_done"  # rank 0's receiver has the whole prompt
+    SHARD_DONE = "shard_done"  # a follower's receiver has its heads of it
+    FIRST_TOKEN = "first_token"
+    KV_FAILED = "kv_failed"  # rank 0's transfer, a follower's shard, or the prefill itself failed
+    NO_FIRST_TOKEN = "no_first_token"  # the KV landed but the prefill worker's first token never came
+    ABORT = "abort"  # the client, the router's lease, or shutdown
+    STEP_FAILED = "step_failed"
+    FINISHED = "finished"
+    RELEASED = "released"  # one holder of its blocks let go
+
+
+A, E = Phase, Event
+# (phase, event) -> the worker's transition (a method name of `DecodeWorker`, "_to_" + this).
+TRANSITIONS: dict[tuple[Phase, Event], str] = {
+    (A.EXPECTING_SHARDS, E.RANK_ACKED): "awaiting_kv",
+    (A.EXPECTING_SHARDS, E.ACK_TIMEOUT): "refused",
+    (A.EXPECTING_SHARDS, E.ABORT): "refused",
+    (A.AWAITING_KV, E.KV_DONE): "admission",
+    (A.AWAITING_KV, E.SHARD_DONE): "admission",
+    (A.AWAITING_KV, E.FIRST_TOKEN): "admission",
+    (A.AWAITING_KV, E.KV_FAILED): "recompute_or_end",
+    (A.AWAITING_KV, E.NO_FIRST_TOKEN): "end",
+    (A.AWAITING_KV, E.ABORT): "end",
+    (A.RUNNING, E.ABORT): "end",
+    (A.RUNNING, E.STEP_FAILED): "end",
+    (A.RUNNING, E.FINISHED): "gone",
+    (A.RELEASING, E.RELEASED): "released",
+    (A.RELEASING, E.ACK_TIMEOUT): "released",
+}
+
+
+@dataclass
+class DecodeRecord:
+    """Everything this worker knows of one request beyond the engine's `Request`."""
+
+    request_id: str
+    stream_address: str  # where its TokenDeltas go
+    num_prompt_tokens: int
+    phase: Phase
+    call: Call | None = None  # a reserve still to answer (tensor parallel: once every rank acked)
+    reservation: DecodeReservation | None = None  # what that answer says
+    deadline: float | None = None  # EXPECTING_SHARDS: for the acks; AWAITING_KV with KV landed: for the first token
+    first_token: int | None = None
+    kv_landed: bool = False  # rank 0's share of the prompt's KV is in the cache
+    shards_missing: set[int] = field(default_factory=set)  # follower ranks whose share has not landed
+    unacked: set[int] = field(default_factory=set)  # EXPECTING_SHARDS: ranks yet to acknowledge
+    holders: set[int] = field(default_factory=set)  # RELEASING: ranks (0: this one) yet to let go of its blocks
+    then: str = ""  # RELEASING: what follows ("recompute", "end" or "refused")
+    reason: str = ""  # why it is ending (sent with the final delta)
+    spliced: int = 0  # tokens streamed before it was prefilled here after a failed transfer
+    num_output: int = 0  # output tokens the client has been sent (a final error delta says how many)
+
+    @property
+    def ready(self) -> bool:
+        """Everything for admission is here: the KV on every rank and the first token."""
+        return self.kv_landed and not self.shards_missing and self.first_token is not None

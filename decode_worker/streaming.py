@@ -1,0 +1,44 @@
+"""The TokenDeltas a decode worker streams: engine outputs, and the last word of a request that ends early.
+
+Numbering is the whole request's, as the client sees it: after a local
+recompute that continues past an already-streamed first token (`spliced`),
+the engine counts that token as prompt, and its outputs are shifted back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from decode_worker.records import DecodeRecord
+from engine.outputs import RequestOutput
+from kvtransfer.engine_bridge import token_logprobs
+from kvtransfer.protocol import TokenDelta
+
+
+def output_delta(out: RequestOutput, already_streamed: int = 0) -> TokenDelta | None:
+    """The delta of an engine output, minus its first `already_streamed` new tokens; None if nothing to say."""
+    completion = out.outputs[0]
+    new = out.new_token_ids[already_streamed:]
+    if not new and not out.finished:
+        return None
+    return TokenDelta(
+        out.request_id, len(completion.token_ids) - len(new), tuple(new), out.finished, completion.finish_reason,
+        len(out.prompt_token_ids), len(completion.token_ids), out.num_cached_tokens,
+        logprobs=token_logprobs(completion.logprobs, len(new)),
+    )  # fmt: skip
+
+
+def spliced(delta: TokenDelta, num_spliced: int) -> TokenDelta:
+    """An engine-numbered delta of a request recomputed after `num_spliced` streamed tokens, numbered as the whole."""
+    if not num_spliced:
+        return delta
+    return dataclasses.replace(
+        delta, first_index=delta.first_index + num_spliced, num_prompt_tokens=delta.num_prompt_tokens - num_spliced,
+        num_output_tokens=delta.num_output_tokens + num_spliced,
+    )  # fmt: skip
+
+
+def final_delta(record: DecodeRecord, finish_reason: str = "abort", error: str = "") -> TokenDelta:
+    """The last delta of a request that ends here without an engine output (an error, or nothing left to make)."""
+    n = record.num_output
+    return TokenDelta(record.request_id, n, (), True, finish_reason, record.num_prompt_tokens, n, error=error)

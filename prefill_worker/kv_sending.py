@@ -1,0 +1,96 @@
+"""The prefill side of the KV handoff on a worker's I/O thread: a `KVSender` and the commands that drive it.
+
+    loop / forward thread ── StartSend(order) ──────► open this rank's transfers of the request
+                          ── SendLayer(ids, layer) ─► ship that layer of those requests (its KV is final)
+                          ── ReleaseSend(id) ───────► abort its transfers, then SendReleased back:
+                                                      from then on nothing reads its blocks
+    loop thread ◄── TransferEnded(id, rank, peer, done | failed | expired) ── the sender's events
+
+The same service runs on rank 0 (reports go to its loop) and on a
+tensor-parallel follower (reports go to rank 0 as `ShardEnded`). Commands run
+in the order posted: a layer is sent after its transfer started, a release
+after every layer queued before it. The sender never blocks (its handshakes
+complete in later rounds), so neither does this thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from kvtransfer.protocol import ShardOrder
+from kvtransfer.sender import KVSender
+from prefill_worker.pieces import start_pieces
+
+logger = logging.getLogger("tandem.prefill")
+
+
+@dataclass(frozen=True)
+class StartSend:
+    order: ShardOrder
+
+
+@dataclass(frozen=True)
+class SendLayer:
+    request_ids: tuple[str, ...]
+    layer: int
+
+
+@dataclass(frozen=True)
+class ReleaseSend:
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TransferEnded:
+    request_id: str
+    rank: int
+    peer: str  # the decode receiver's address ("" when the transfer could not start)
+    kind: str  # "done" | "failed" | "expired"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SendReleased:
+    request_id: str
+    rank: int = 0
+
+
+class KVSending:
+    def __init__(self, sender: KVSender, kv_caches, num_kv_heads: int, report: Callable[[object], None]):
+        self.sender, self.kv_caches, self.num_kv_heads, self.report = sender, kv_caches, num_kv_heads, report
+
+    def commands(self) -> dict[type, Callable]:
+        return {StartSend: self.start, SendLayer: self.send_layer, ReleaseSend: self.release}
+
+    def start(self, cmd: StartSend) -> None:
+        order, s = cmd.order, self.sender
+        try:
+            start_pieces(s, order, self.num_kv_heads, s.tp_size, s.tp_rank)
+        except ValueError as err:  # a reservation that does not fit our plan
+            s.abort(order.request_id, str(err))  # the pieces that did start
+            self.report(TransferEnded(order.request_id, s.tp_rank, "", "failed", f"KV transfer could not start: {err}"))
+
+    def send_layer(self, cmd: SendLayer) -> None:
+        k_cache, v_cache = self.kv_caches[cmd.layer]
+        for request_id in cmd.request_ids:
+            self.sender.send_layer(request_id, cmd.layer, k_cache, v_cache)
+
+    def release(self, cmd: ReleaseSend) -> None:
+        self.sender.abort(cmd.request_id, cmd.reason)  # a no-op once its transfers ended
+        self.report(SendReleased(cmd.request_id, self.sender.tp_rank))
+
+    def sockets(self) -> list:
+        return self.sender.sockets()
+
+    def next_deadline(self) -> float | None:
+        return self.sender.next_deadline()
+
+    def service(self) -> None:
+        for e in self.sender.poll(0):
+            self.report(TransferEnded(e.request_id, self.sender.tp_rank, e.peer, e.kind, e.reason))
+
+    def close(self) -> None:
+        self.sender.close()

@@ -1,0 +1,73 @@
+"""One record per request on a prefill worker, with a phase and the table of what moves it.
+
+    prefill ──► QUEUED ── the forward that completes its prompt starts ──► SENDING ── every transfer done ──► (gone)
+    (engine      │        (transfers opened before it, layers shipped        │        blocks released, still
+     computes    │         as they are written; first token handed over)     │        prefix-cached
+     its chunks) │                                                           │
+                 │ abort, step failed                                        │ transfer failed or expired,
+                 ▼                                                           │ abort, step failed
+               (gone: blocks released; a failure tells decode PrefillFailed) ▼
+                                                     RELEASING ── every rank let go ──► (gone: blocks released;
+                                                                                        a failure tells decode)
+
+From SENDING the blocks are read by this rank's I/O thread and by each
+follower rank: RELEASING waits until each acknowledged the release (a follower
+that does not within the ack timeout is logged and let go of) before the
+blocks return to the pool. An event a phase does not list is late news and
+is ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.request import Request
+from kvtransfer.protocol import PrefillTask
+
+
+class Phase(enum.Enum):
+    QUEUED = "queued"
+    SENDING = "sending"
+    RELEASING = "releasing"
+
+
+class Event(enum.Enum):
+    SENDING = "sending"  # the forward that completes its prompt starts (its transfers are opened)
+    TRANSFER_DONE = "transfer_done"  # one (rank, decode address) transfer of it ended well
+    TRANSFER_FAILED = "transfer_failed"  # one failed, expired, or could not start
+    ABORT = "abort"  # the client (through the router), the router's lease, or shutdown
+    STEP_FAILED = "step_failed"
+    RELEASED = "released"  # one rank let go of its blocks
+    ACK_TIMEOUT = "ack_timeout"  # a follower rank did not acknowledge the release in time
+
+
+P, E = Phase, Event
+# (phase, event) -> the worker's transition (a method of `PrefillWorker`, "_to_" + this).
+TRANSITIONS: dict[tuple[Phase, Event], str] = {
+    (P.QUEUED, E.SENDING): "sending",
+    (P.QUEUED, E.ABORT): "dropped",
+    (P.QUEUED, E.STEP_FAILED): "dropped",
+    (P.SENDING, E.TRANSFER_DONE): "sent",
+    (P.SENDING, E.TRANSFER_FAILED): "releasing",
+    (P.SENDING, E.ABORT): "releasing",
+    (P.SENDING, E.STEP_FAILED): "releasing",
+    (P.RELEASING, E.RELEASED): "released",
+    (P.RELEASING, E.ACK_TIMEOUT): "released",
+}
+
+
+@dataclass
+class PrefillRecord:
+    task: PrefillTask
+    request: Request  # the engine's: its blocks are this worker's to release once no transfer reads them
+    phase: Phase = Phase.QUEUED
+    transfers: set[tuple[int, str]] = field(default_factory=set)  # SENDING: (rank, decode address) still moving
+    holders: set[int] = field(default_factory=set)  # RELEASING: ranks (0: this one) yet to let go of its blocks
+    tell_decode: bool = False  # RELEASING: a failure decode must hear of (PrefillFailed), not an abort
+    reason: str = ""
+    deadline: float | None = None  # RELEASING: for the followers' acks
+
+    @property
+    def request_id(self) -> str:
+        return self.task.request.request_id

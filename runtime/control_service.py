@@ -1,0 +1,148 @@
+"""A worker's control socket, served on its I/O thread: the router's calls.
+
+    router DEALER ── ControlCall ──► ROUTER (I/O thread)
+                                       load   → answered here, from the LoadBoard (never waits for a step)
+                                       others → decoded, handed to the loop as a `Call`
+    router DEALER ◄── ControlReply ── ROUTER ◄── SendReply command ◄── call.answer(...) on the loop
+
+The loop answers each `Call` exactly once, when it has the answer (a decode
+reservation of a tensor-parallel worker waits for its ranks' acks); the reply
+goes out through this thread after every command the loop posted before it, so
+whatever the answer promises (a KV reservation) already exists on this thread.
+A malformed or unknown call never reaches the loop: it is answered as rejected
+when it carries a call id, else dropped; both are counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import zmq
+
+from kvtransfer.codec import DecodeError, decode, encode
+from kvtransfer.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
+from kvtransfer.protocol import ControlCall, ControlReply
+from kvtransfer.socket_security import bind_secured, refuse
+from runtime.load_board import LoadBoard
+
+logger = logging.getLogger("tandem.runtime")
+
+# method -> its payload decoded for the loop (raises ValueError: the call's fault, answered as rejected).
+Decoders = Mapping[str, Callable[[object], object]]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call for the worker's loop: `answer(result)` or `answer(None, error)` exactly once, from the loop.
+
+    `result` is a protocol message, a string, or None; an `error` that is a ValueError tells the caller
+    the call itself was bad (the worker is fine)."""
+
+    method: str
+    arg: object
+    answer: Callable[..., None]
+
+
+@dataclass(frozen=True)
+class SendReply:
+    """Command for the I/O thread: send `reply` to the router peer `identity`."""
+
+    identity: bytes
+    reply: ControlReply
+
+
+def _payload(result) -> bytes | str | None:
+    """A reply's payload: a protocol message encoded; a request id, bytes or None as they are."""
+    return result if result is None or isinstance(result, (bytes, str)) else encode(result)
+
+
+def request_id_arg(payload) -> str:
+    if not isinstance(payload, str):
+        raise ValueError(f"expected a request id, got {type(payload).__name__}")
+    return payload
+
+
+class ControlService:
+    """The ROUTER at `address` ("tcp://host:0" picks a port; `address` says which), CURVE-secured
+    with this process's cluster key when it has one."""
+
+    def __init__(self, board: LoadBoard, decoders: Decoders, deliver: Callable[[Call], None],
+                 post: Callable[[object], None], address: str = "tcp://127.0.0.1:0",
+                 max_message_bytes: int = MAX_CONTROL_MESSAGE_BYTES):  # fmt: skip
+        self.board, self._decoders, self._deliver, self._post = board, decoders, deliver, post
+        self._sock = control_socket(zmq.Context.instance(), zmq.ROUTER)
+        self.address = bind_secured(self._sock, address, "control", max_message_bytes)
+        self.dropped = self.rejected = 0
+
+    # ---- IOService ------------------------------------------------------------
+    def commands(self) -> dict[type, Callable]:
+        return {SendReply: lambda cmd: self._send(cmd.identity, cmd.reply)}
+
+    def sockets(self) -> list:
+        return [self._sock]
+
+    def next_deadline(self) -> float | None:
+        return None
+
+    def service(self) -> None:
+        while True:
+            try:
+                parts = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._take(parts)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+    # ---- calls ----------------------------------------------------------------
+    def _take(self, parts: list[bytes]) -> None:
+        if len(parts) != 2:
+            return self._drop(f"{len(parts) - 1} frames instead of 1")
+        identity, frame = parts
+        try:
+            call = decode(frame, ControlCall)
+        except DecodeError as e:
+            return self._drop(str(e))
+        self.board.router_seen()
+        if call.method == "load":
+            return self._send(identity, ControlReply(call.call_id, encode(self.board.heartbeat())))
+        try:
+            arg = self._decoder(call.method)(call.payload)
+        except ValueError as e:  # DecodeError is one: the call's fault
+            self.rejected += 1
+            return self._send(identity, ControlReply(call.call_id, error=f"{type(e).__name__}: {e}", rejected=True))
+        self._deliver(Call(call.method, arg, self._answerer(identity, call.call_id)))
+
+    def _decoder(self, method: str) -> Callable[[object], object]:
+        decoder = self._decoders.get(method)
+        if decoder is None:
+            raise ValueError(f"unknown method {method!r}")
+        return decoder
+
+    def _answerer(self, identity: bytes, call_id: int) -> Callable[..., None]:
+        def answer(result=None, error: BaseException | None = None) -> None:
+            if error is None:
+                try:
+                    reply = ControlReply(call_id, _payload(result))
+                except TypeError as e:  # the loop answered with something that is no message: a bug, say so
+                    reply = ControlReply(call_id, error=f"unencodable reply: {e}")
+            else:
+                reply = ControlReply(call_id, error=f"{type(error).__name__}: {error}",
+                                     rejected=isinstance(error, ValueError))  # fmt: skip
+            self._post(SendReply(identity, reply))
+
+        return answer
+
+    def _drop(self, why: str) -> None:
+        self.dropped += 1
+        refuse("control", "malformed", why)
+        logger.warning("control socket %s dropped a message: %s", self.address, why)
+
+    def _send(self, identity: bytes, reply: ControlReply) -> None:
+        try:
+            self._sock.send_multipart([identity, encode(reply)], zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # the router that called is gone (ROUTER_MANDATORY): nobody waits
+            logger.warning("control socket %s: reply to a gone router dropped: %s", self.address, e)

@@ -1,0 +1,127 @@
+"""A worker's I/O thread: one poller over every socket of its services, plus its command mailbox.
+
+    services   each owns some sockets (the control ROUTER, a KV receiver's ROUTER, a KV
+               sender's DEALERs, a follower's rank-link PULL) and says when it next has timer
+               work (heartbeats, leases, deadlines)
+    commands   typed messages from the worker's loop thread (start a transfer, send a layer,
+               release a request's blocks, a reply to send), run here in the order posted
+
+One round: wait (blocking) until a socket is readable, a command arrives or the
+nearest deadline passes; run the commands; let every service read and tick.
+Because this thread never runs a forward step, heartbeats, leases and the
+router's `load` calls are answered within milliseconds however long a step takes.
+Nothing here may block either: a service that would wait for a peer keeps the
+wait as state and looks again next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, Protocol, Sequence
+
+import zmq
+
+from runtime.mailbox import Mailbox
+
+logger = logging.getLogger("tandem.runtime")
+
+
+class IOService(Protocol):
+    def commands(self) -> dict[type, Callable]:
+        """Command type -> handler, for the commands of this service's owner."""
+
+    def sockets(self) -> list:
+        """zmq sockets (or file descriptors) to wait on for reading."""
+
+    def service(self) -> None:
+        """Read what is readable, run timers; never blocks."""
+
+    def next_deadline(self) -> float | None:
+        """Monotonic time of its next timer work; None: only when a socket is readable."""
+
+    def close(self) -> None: ...
+
+
+class _Stop:
+    pass
+
+
+class IOThread:
+    """Starts at once; `build(io)` makes the services on the new thread (their sockets belong to it;
+    `io.post` is how a service's answers come back to this thread)."""
+
+    def __init__(self, name: str, build: Callable[["IOThread"], Sequence[IOService]]):
+        self.name = name
+        self.mailbox = Mailbox()
+        ready: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(build, ready), name=name, daemon=True)
+        self._thread.start()
+        self.services: list[IOService] = ready.result()  # raises what building them raised
+
+    def post(self, command) -> None:
+        """From any thread: run `command` on the I/O thread, after every command posted before it."""
+        self.mailbox.put(command)
+
+    def run_pending(self) -> None:
+        """On the I/O thread, from a service: run the commands posted so far, now (a control message
+        must not overtake the commands queued before it was sent)."""
+        for command in self.mailbox.take_all():
+            if isinstance(command, _Stop):
+                self.mailbox.put(command)  # still ends the thread, at the next round
+                return
+            _quietly(lambda: self._handlers[type(command)](command), f"{self.name}: {type(command).__name__}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Close every service on the thread and end it; idempotent."""
+        if self._thread.is_alive():
+            self.mailbox.put(_Stop())
+            self._thread.join(timeout_s)
+
+    def _run(self, build: Callable[["IOThread"], Sequence[IOService]], ready: Future) -> None:
+        try:
+            services = list(build(self))
+        except BaseException as err:
+            ready.set_exception(err)
+            return
+        self._handlers = {kind: handler for s in services for kind, handler in s.commands().items()}
+        ready.set_result(services)
+        try:
+            while self._round(services):
+                pass
+        finally:
+            for s in services:
+                _quietly(s.close, f"{self.name}: closing {type(s).__name__}")
+            self.mailbox.close()
+
+    def _round(self, services: list[IOService]) -> bool:
+        poller = zmq.Poller()
+        poller.register(self.mailbox.fd, zmq.POLLIN)
+        for s in services:
+            for sock in s.sockets():
+                poller.register(sock, zmq.POLLIN)
+        poller.poll(_timeout_ms(services))
+        for command in self.mailbox.take_all():
+            if isinstance(command, _Stop):
+                return False
+            _quietly(lambda: self._handlers[type(command)](command), f"{self.name}: {type(command).__name__}")
+        for s in services:
+            _quietly(s.service, f"{self.name}: {type(s).__name__}")
+        return True
+
+
+def _timeout_ms(services: list[IOService]) -> int | None:
+    deadlines = [d for s in services if (d := s.next_deadline()) is not None]
+    if not deadlines:
+        return None  # nothing to do until a socket or a command wakes us
+    return max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
+
+
+def _quietly(fn: Callable[[], object], what: str) -> None:
+    """A bug in one command or service must not end the thread that answers heartbeats: log it, go on."""
+    try:
+        fn()
+    except Exception:
+        logger.exception("%s failed", what)

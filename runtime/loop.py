@@ -1,0 +1,182 @@
+"""A worker's loop thread: the one thread that owns its engine and its requests.
+
+    round:  wait (blocking) for the mailbox, the worker's own sockets or its next deadline;
+            no wait at all while the engine has work
+            handle every message (a router `Call`, an event from the I/O thread)
+            read the worker's sockets (decode inbox, tensor-parallel rank links)
+            run the timers that are due (leases, acks, first-token deadlines)
+            one engine step when there is work  (board.step_began / step_ended around it)
+            publish a snapshot to the LoadBoard
+
+The I/O thread answers heartbeats from that board, so a long step here is busy,
+never dead. Messages are typed; the worker dispatches them by type (`LoopWorker`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, Protocol
+
+import zmq
+
+from runtime.control_service import Call
+from runtime.load_board import LoadBoard, LoopSnapshot
+from runtime.mailbox import Mailbox
+
+logger = logging.getLogger("tandem.runtime")
+
+
+class LoopWorker(Protocol):
+    def handle(self, message) -> None:
+        """A message posted to the loop: a `Call` from the router or a lifecycle caller, or an I/O event."""
+
+    def sockets(self) -> list:
+        """The loop thread's own sockets to wait on (they are read in `read_sockets`)."""
+
+    def read_sockets(self) -> None: ...
+
+    def has_work(self) -> bool:
+        """An engine step to run now."""
+
+    def step(self) -> bool:
+        """One engine step and its outputs; False if the step failed (its requests were ended)."""
+
+    def next_deadline(self) -> float | None:
+        """Monotonic time of its next timer; None: none."""
+
+    def check_deadlines(self) -> None: ...
+
+    def snapshot(self) -> LoopSnapshot: ...
+
+    def close(self) -> None:
+        """End every request (clients get a final delta), stop the I/O thread, free sockets."""
+
+
+class _Stop:
+    pass
+
+
+class WorkerLoop:
+    """Starts the thread; `make_worker(deliver)` builds the worker on it (`deliver` posts to this loop)."""
+
+    def __init__(self, name: str, board: LoadBoard, make_worker: Callable[[Callable[[object], None]], LoopWorker]):
+        self.name, self.board = name, board
+        self.mailbox = Mailbox()
+        ready: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(make_worker, ready), name=name, daemon=True)
+        self._thread.start()
+        self.worker: LoopWorker = ready.result()  # raises what building the worker raised
+
+    def post(self, message) -> None:
+        """From any thread: `message` is handled on the loop, after every one posted before it."""
+        if self.mailbox.closed:
+            raise RuntimeError(f"{self.name} is stopped")
+        self.mailbox.put(message)
+
+    def call(self, method: str, arg=None, timeout_s: float | None = 60.0):
+        """Post a `Call` and wait for its answer (lifecycle methods, tests); raises the worker's error."""
+        done: Future = Future()
+
+        def answer(result=None, error: BaseException | None = None) -> None:
+            done.set_exception(error) if error is not None else done.set_result(result)
+
+        self.post(Call(method, arg, answer))
+        return done.result(timeout_s)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Close the worker on its thread and end the loop; idempotent."""
+        if self._thread.is_alive():
+            self.post(_Stop())
+            self._thread.join(timeout_s)
+
+    # ---- the thread ------------------------------------------------------------
+    def _run(self, make_worker, ready: Future) -> None:
+        try:
+            worker = make_worker(self.post)
+        except BaseException as err:
+            ready.set_exception(err)
+            self.mailbox.close()
+            return
+        self.board.publish(worker.snapshot())  # the pool's size is known before the first request
+        ready.set_result(worker)
+        try:
+            while self._round(worker):
+                pass
+        finally:
+            _log_errors(worker.close, f"{self.name}: closing")
+            self.mailbox.close()
+
+    def _round(self, worker: LoopWorker) -> bool:
+        poller = zmq.Poller()
+        poller.register(self.mailbox.fd, zmq.POLLIN)
+        for sock in worker.sockets():
+            poller.register(sock, zmq.POLLIN)
+        poller.poll(0 if worker.has_work() else _ms_until(worker.next_deadline()))
+        for message in self.mailbox.take_all():
+            if isinstance(message, _Stop):
+                return False
+            _log_errors(lambda: worker.handle(message), f"{self.name}: handling {type(message).__name__}")
+        _log_errors(worker.read_sockets, f"{self.name}: reading its sockets")
+        _log_errors(worker.check_deadlines, f"{self.name}: deadlines")
+        if worker.has_work():
+            self.board.step_began()
+            ok = False
+            try:
+                ok = worker.step()
+            except Exception:
+                logger.exception("%s: step failed", self.name)  # a bug: count it, keep serving
+            self.board.step_ended(ok)
+        self.board.publish(worker.snapshot())
+        return True
+
+
+def _ms_until(deadline: float | None) -> int | None:
+    return None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
+
+
+def _log_errors(fn: Callable[[], object], what: str) -> None:
+    try:
+        fn()
+    except Exception:
+        logger.exception("%s failed", what)
+
+
+class CallsOnlyWorker:
+    """A `LoopWorker` with no engine and no sockets of its own: it answers each `Call` with
+    `getattr(self, method)(arg)` (stub workers of benchmarks, control-plane tests). Subclasses set `load`."""
+
+    load = None  # the WorkerLoad its snapshots report
+
+    def handle(self, call: Call) -> None:
+        try:
+            result = getattr(self, call.method)(call.arg)
+        except Exception as err:
+            return call.answer(None, err)
+        call.answer(result)
+
+    def sockets(self) -> list:
+        return []
+
+    def read_sockets(self) -> None:
+        pass
+
+    def has_work(self) -> bool:
+        return False
+
+    def step(self) -> bool:
+        return True
+
+    def next_deadline(self) -> float | None:
+        return None
+
+    def check_deadlines(self) -> None:
+        pass
+
+    def snapshot(self) -> LoopSnapshot:
+        return LoopSnapshot(self.load, True, True)
+
+    def close(self) -> None:
+        pass

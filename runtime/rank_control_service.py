@@ -1,0 +1,43 @@
+"""A tensor-parallel follower's side of the rank links, on its I/O thread: apply rank 0's messages, then ack.
+
+    rank 0 ── ExpectShard / DropShard ──► RankControl PULL ──► handler (this rank's receiver or sender)
+    rank 0 ◄── RankAck ── once the handler returned (applied)
+
+Before a message is applied, the commands this rank's forward thread queued
+earlier (the transfers of a step it ran) are run: a drop never overtakes the
+order it drops. Reports of transfers ending (`ShardEnded`) go out through
+`report`, which the follower's KV service is given.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from kvtransfer.rank_links import RankControl
+from runtime.io_thread import IOThread
+
+
+class RankControlService:
+    def __init__(self, control: RankControl, io: IOThread, handlers: dict[type, Callable]):
+        self.control, self.io, self.handlers = control, io, handlers
+
+    def report(self, request_id: str, kind: str, peer: str = "", reason: str = "") -> None:
+        self.control.report(request_id, kind, peer, reason)
+
+    def commands(self) -> dict[type, Callable]:
+        return {}
+
+    def sockets(self) -> list:
+        return [self.control.socket]
+
+    def next_deadline(self) -> float | None:
+        return None
+
+    def service(self) -> None:
+        for msg in self.control.poll(0):
+            self.io.run_pending()
+            self.handlers[type(msg)](msg)
+            self.control.ack(msg)
+
+    def close(self) -> None:
+        self.control.close()
