@@ -5,12 +5,23 @@ over Ray (`reserve`, `prefill`, `abort`, `load`), so the handoff, the registry
 and the dispatcher do not know which one they hold. Many calls are in flight
 on one socket; replies come in any order and are matched by call id.
 
+The connection, as the socket monitor tells it (a disconnect is not a death:
+ZMQ reconnects, and only the registry's `kvtransfer.liveness` judges a worker):
+  - before the first handshake, calls wait for it (a worker just registered);
+  - up (handshake succeeded): calls go through;
+  - dropped (the peer closed, or the ZMTP heartbeat timed out): the calls in flight fail with
+    `WorkerGone` (their replies are lost), and the socket is made anew, so that no message
+    queued for the old connection reaches the worker later, when nobody waits for its reply;
+  - down: new calls fail at once with `WorkerGone`, `refused` set when the worker's address
+    refuses connections (nobody listens: its process is gone), while ZMQ keeps reconnecting;
+  - up again (a handshake on the new connection): calls go through again.
+
 Failures, as the registry's `GuardedEndpoint` sorts them:
-  - the worker answers that the call itself was bad: `CallRejected` (a ValueError: the worker stays);
+  - the worker answers that the call itself was bad: `CallRejected` (a ValueError: the request's fault);
   - the worker's method raised: `CallFailed`;
-  - no reply within `timeout_s`: `CallTimedOut`;
-  - the worker's process closed its end (died, was killed): `WorkerGone`, for the calls waiting and every
-    later one, at once.
+  - no reply within `timeout_s`: `CallTimedOut`, a backstop for that one call only (a long step
+    delays replies; whether the worker is alive is the heartbeats' business);
+  - the connection is down or dropped: `WorkerGone`.
 """
 
 from __future__ import annotations
@@ -30,7 +41,11 @@ from kvtransfer.socket_security import ClusterKey, connect_secured
 
 logger = logging.getLogger("tandem.kvtransfer")
 
-DEFAULT_CALL_TIMEOUT_S = 30.0  # a prefill call waits for the worker's current step; CPU steps can be long
+# Only a backstop for one call that never gets its reply; it marks nothing dead. Generous, because a
+# prefill or reserve call may wait behind a worker's current step, and CPU steps take 10-30 s.
+DEFAULT_CALL_TIMEOUT_S = 120.0
+
+_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
 class CallRejected(ValueError):
@@ -42,11 +57,18 @@ class CallFailed(RuntimeError):
 
 
 class CallTimedOut(TimeoutError):
-    """No reply in time: the worker is hung or gone."""
+    """No reply within the call's timeout."""
 
 
 class WorkerGone(ConnectionError):
-    """The worker's end of the control connection closed."""
+    """The control connection is down (or this client closed): the call was not made, or its reply is lost.
+
+    `refused`: the worker's address refuses connections (nobody listens there), so its process is likely
+    gone; False: the connection dropped or is being retried (the worker may be back soon)."""
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
 
 
 class ControlClient:
@@ -60,15 +82,23 @@ class ControlClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
-        self.gone_reason = ""
+        self.up = False  # handshake done and no disconnect since
+        self.was_up = False  # connected once: from then on a down connection fails calls at once
+        self.refused = False  # the last connection attempt was refused
+        self.closed_reason = ""  # set by close(): every call fails
+        self.reconnects = 0
         self.late_replies = self.dropped = 0  # replies after their call ended; frames that were no reply
 
     async def call(self, method: str, payload: bytes | str | None) -> bytes | str | None:
         """Send one call and wait for its reply payload (raises as the module docstring says)."""
-        if self.gone_reason:
-            raise WorkerGone(self.gone_reason)
+        if self.closed_reason:
+            raise WorkerGone(self.closed_reason)
         if self._sock is None:
-            self._connect()
+            self._loop = asyncio.get_running_loop()
+            self._open()
+        self._read_monitor()  # a disconnect not yet read must be known before anything is sent
+        if self.was_up and not self.up:
+            raise WorkerGone(self._down_reason(), refused=self.refused)
         call_id = next(self._call_ids)
         reply = self._pending[call_id] = self._loop.create_future()
         timer = self._loop.call_later(self.timeout_s, self._expire, call_id, method)
@@ -82,22 +112,29 @@ class ControlClient:
             self._pending.pop(call_id, None)
 
     def close(self) -> None:
-        self._fail_all(WorkerGone(f"control client of {self.address} closed"))
-        self.gone_reason = self.gone_reason or "closed"
-        for sock in (self._sock, self._monitor):
-            if sock is not None:
-                self._loop.remove_reader(sock.FD)
-                sock.close()
-        self._sock = self._monitor = None
+        self.closed_reason = self.closed_reason or f"control client of {self.address} closed"
+        self._fail_all(WorkerGone(self.closed_reason))
+        self._close_sockets()
 
-    def _connect(self) -> None:
-        self._loop = asyncio.get_running_loop()
+    # ---- the socket -------------------------------------------------------
+    def _open(self) -> None:
         self._sock = control_socket(zmq.Context.instance(), zmq.DEALER)
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = self._sock.get_monitor_socket(_EVENTS)
         connect_secured(self._sock, self.address, MAX_CONTROL_MESSAGE_BYTES, key=self.key)
         self._loop.add_reader(self._sock.FD, self._read_replies)
         self._loop.add_reader(self._monitor.FD, self._read_monitor)
         self._loop.call_soon(self._read_monitor)  # ZMQ's FD signals changes: read what came before
+
+    def _close_sockets(self) -> None:
+        for sock in (self._sock, self._monitor):
+            if sock is not None:
+                self._loop.remove_reader(sock.FD)
+        if self._sock is not None:
+            self._sock.disable_monitor()
+            self._sock.close()  # LINGER 0: whatever was queued for the worker is dropped, never delivered
+        if self._monitor is not None:
+            self._monitor.close()
+        self._sock = self._monitor = None
 
     def _read_replies(self) -> None:
         while self._sock is not None:
@@ -129,15 +166,44 @@ class ControlClient:
         if future is not None and not future.done():
             future.set_exception(CallTimedOut(f"{method} to {self.address}: no reply within {self.timeout_s:g} s"))
 
+    # ---- the connection -----------------------------------------------------
     def _read_monitor(self) -> None:
         while self._monitor is not None:
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self.gone_reason = f"worker at {self.address} closed its control connection"
-                self._fail_all(WorkerGone(self.gone_reason))
+            self._on_event(event["event"])
+
+    def _on_event(self, event: int) -> None:
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if self.was_up:
+                self.reconnects += 1
+                logger.info("control connection to %s is back", self.address)
+            self.up = self.was_up = True
+            self.refused = False
+        elif event == zmq.EVENT_CONNECTED:
+            self.refused = False  # someone listens (the handshake is still to come)
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            self.refused = True
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._dropped()
+
+    def _dropped(self) -> None:
+        """The connection broke: calls in flight lose their replies; a fresh socket reconnects."""
+        if self.up:
+            logger.warning("control connection to %s dropped; reconnecting", self.address)
+        self.up = False
+        self._fail_all(WorkerGone(f"the control connection to {self.address} dropped: the reply is lost"))
+        # The old socket may still hold calls not yet written to the wire; ZMQ would deliver them after
+        # reconnecting, to a worker whose replies nobody awaits (a reserve would leak its blocks).
+        self._close_sockets()
+        self._open()
+
+    def _down_reason(self) -> str:
+        if self.refused:
+            return f"the worker at {self.address} refuses connections (its process is gone?)"
+        return f"the control connection to {self.address} is down (reconnecting)"
 
     def _fail_all(self, error: Exception) -> None:
         for future in self._pending.values():

@@ -3,6 +3,16 @@
 The socket options of the control plane are set here; the size limit and
 authentication (the cluster's CURVE key) by `kvtransfer.socket_security` as
 the server binds and the client connects.
+
+ZMTP heartbeats, on both ends: each side pings the other every
+`HEARTBEAT_IVL_MS`; a peer that answers nothing (not even ZMQ's own I/O
+thread, which answers whatever the worker's step loop is doing) for
+`HEARTBEAT_TIMEOUT_MS` is disconnected. So a dead host or a cut network shows
+as a disconnect (the router's `ControlClient` then fails its calls fast and
+reports the worker missing), while a busy worker never does. The timeout is
+long enough that a process stopped for a few seconds (SIGSTOP, a swap storm, a
+long GC pause: all ZMQ threads frozen too) is not disconnected: 15 s covers
+an 8 s stop with margin. `HEARTBEAT_TTL` tells the peer the same limit for us.
 """
 
 from __future__ import annotations
@@ -11,6 +21,10 @@ import zmq
 
 # A control message carries one request (prompt token ids) or one load report: far below this.
 MAX_CONTROL_MESSAGE_BYTES = 16 * 1024 * 1024
+
+HEARTBEAT_IVL_MS = 1_000
+HEARTBEAT_TIMEOUT_MS = 15_000
+HEARTBEAT_TTL_MS = 15_000  # ZMQ rounds it to deciseconds
 
 
 def control_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
@@ -22,6 +36,9 @@ def control_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TTL_MS)
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished router raises instead of vanishing
     return sock

@@ -56,17 +56,25 @@ class RouterState:
     created: int = 0
 
     def ready(self) -> bool:
-        """Decode pool up, and prefill pool too unless decode workers prefill themselves."""
-        return bool(self.registry.live("decode")) and (self.config.colocated or bool(self.registry.live("prefill")))
+        """A request can be served: a decode worker takes new requests (it prefills them itself while no
+        prefill worker can, `router.local_prefill`)."""
+        return bool(self.registry.pickable("decode"))
+
+    def check_ready(self) -> None:
+        """Raise the 503 (OpenAI's error format) that /health and /v1/models answer before `ready()`."""
+        if not self.ready():
+            raise APIError(503, "not ready: no decode worker is alive", code="no_live_worker")
 
 
 def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> FastAPI:
     import time
 
     registry = registry or WorkerRegistry(make_policy(config.routing_policy, **dict(config.routing_options)))
+    registry.judge_by(config.liveness)  # also a registry the cluster built: the config says how workers are judged
     stream = TokenStreamConsumer(config.stream_address, config.cluster_key)
-    dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff, config.max_resumes)
     metrics = RouterMetrics(registry)
+    dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff, config.max_resumes,
+                            config.local_prefill, metrics.local_prefill_started)  # fmt: skip
     admission = Admission(config.max_in_flight, config.retry_after_s)
     metrics.in_flight.set_function(lambda: admission.in_use)
     runner = RequestRunner(dispatcher, ServedModel(config), admission, metrics)
@@ -104,16 +112,17 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(body, runner, request)
 
-    @app.get("/v1/models", response_model=ModelList)
+    # As vLLM's server, which is not up before its engine: a client polling /v1/models for readiness
+    # gets 503 until a request can be served.
+    @app.get("/v1/models", response_model=ModelList, responses={503: {"model": ErrorResponse}})
     async def models():
+        state.check_ready()
         card = ModelCard(id=runner.model.name, created=state.created, max_model_len=runner.model.max_model_len)
         return ModelList(data=[card])
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health():
-        if not state.ready():
-            missing = "decode" if not registry.live("decode") else "prefill"
-            raise APIError(503, f"not ready: no {missing} worker is alive", code="no_live_worker")
+        state.check_ready()
         return {"status": "ok"}
 
     @app.get("/metrics", include_in_schema=False)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from kvtransfer.handoff import HandoffTimeouts
 from kvtransfer.liveness import LivenessPolicy
 from kvtransfer.socket_security import ClusterKey
+from router.local_prefill import LocalPrefillRule
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,10 @@ class RouterConfig:
     max_in_flight: int = 256  # admitted sequences (a request with n=4 counts 4); beyond: 429
     retry_after_s: int = 1  # the Retry-After a 429 carries
     load_refresh_s: float = 0.5  # how often every worker's `load()` is read
-    worker_call_timeout_s: float = 10.0  # a load() slower than this marks the worker dead
+    worker_call_timeout_s: float = 10.0  # a load() slower than this is a missed heartbeat (see `liveness`)
     liveness: LivenessPolicy = field(default_factory=LivenessPolicy)  # when a worker that stops answering is dead
+    # When decode prefills a prompt itself because the prefill pool is far behind (see router.local_prefill).
+    local_prefill: LocalPrefillRule = field(default_factory=LocalPrefillRule)
     stream_address: str = "tcp://127.0.0.1:0"  # the token stream's PULL (workers PUSH to it)
     chat_template: str | None = None  # a Jinja template; None -> the tokenizer's own
     handoff: HandoffTimeouts = field(default_factory=HandoffTimeouts)

@@ -1,16 +1,20 @@
 """Dispatch: one sequence of one HTTP request, from routing to its last token, on the router's event loop.
 
     start(prompt ids, sampling)
-      pick decode (free blocks) and prefill (the routing policy); in_flight += 1 on each
+      pick decode (free blocks) and prefill (the routing policy; none when no prefill worker can take it:
+               `router.local_prefill`, then the request carries `local_prefill` and decode prefills it);
+               in_flight += 1 on each
       handoff: `kvtransfer.handoff.start_request_async` (reserve on decode, retry while full,
                PrefillTask to prefill; abort both on failure)
     Generation.chunks()   tokens in order from the token stream
       first token arrives -> prefill's part is over: its in_flight -= 1
       final delta         -> decode's part is over: its in_flight -= 1
     Generation.close()    always called (finally); unfinished -> abort on both workers (frees their blocks)
+    a call fails          (the worker is only suspect) that attempt is given up and the request resumed
+                          on other workers (`router.migration`), as below
     a worker dies         every request it held (decode: any time; prefill: before the first token) is
-                          resumed on live workers (`router.migration`), up to `max_resumes` times; with no
-                          live worker left its stream fails (a clear error, never a hang)
+                          resumed on live workers, up to `max_resumes` times; with no live decode worker
+                          left its stream fails (a clear error, never a hang)
 
 Ownership: the dispatcher owns the `in_flight` counts it adds and gives each back
 exactly once; a worker's blocks are the worker's, freed by the abort it is sent.
@@ -19,20 +23,27 @@ exactly once; a worker's blocks are the worker's, freed by the abort it is sent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
 from kvtransfer.handoff import HandoffTimeouts, abort_request_async, start_request_async
 from kvtransfer.protocol import GenerateRequest, SamplingSpec, TokenDelta
+from router.local_prefill import LocalPrefillRule, choose_prefill
 from router.migration import resumed_request
 from router.registry import WorkerFailed, WorkerRegistry
 from router.token_stream import OutputChunk, RequestOutputs, StreamFailed, TokenStreamConsumer
 from router.worker_state import WorkerState
 
 logger = logging.getLogger("tandem.router")
+
+# Before resuming on a decode pool whose every worker is suspect (a call to the only decode worker just
+# failed: its connection may be back in a moment), wait this long times the attempt number; the next
+# answered heartbeat clears it. Without a pause, the resumes would all be spent within a millisecond.
+SUSPECT_POOL_PAUSE_S = 0.5
 
 
 @dataclass
@@ -69,9 +80,13 @@ class Generation:
 
 class Dispatcher:
     def __init__(self, registry: WorkerRegistry, stream: TokenStreamConsumer, colocated: bool = False,
-                 timeouts: HandoffTimeouts = HandoffTimeouts(), max_resumes: int = 3):  # fmt: skip
+                 timeouts: HandoffTimeouts = HandoffTimeouts(), max_resumes: int = 3,
+                 local_prefill: LocalPrefillRule = LocalPrefillRule(),
+                 on_local_prefill: Callable[[str], None] = lambda reason: None):  # fmt: skip
         self.registry, self.stream = registry, stream
         self.colocated, self.timeouts, self.max_resumes = colocated, timeouts, max_resumes
+        self.local_prefill = local_prefill
+        self.on_local_prefill = on_local_prefill  # told why, each time decode prefills for want of prefill
         self.active: dict[str, Generation] = {}
         self._ids = itertools.count()
         self._id_prefix = f"r{os.getpid():x}"
@@ -81,26 +96,43 @@ class Dispatcher:
     async def start(self, prompt_ids: Sequence[int], sampling: SamplingSpec) -> Generation:
         """Route and hand off; raises `NoLiveWorker`, `HandoffError`, `StreamFailed` or ValueError (nothing held).
 
-        A worker that fails under the handoff is marked dead and the request goes to live ones; `StreamFailed`
-        when none is left."""
-        decode = self.registry.pick_decode(prompt_ids)
-        prefill = None if self.colocated else self.registry.pick_prefill(prompt_ids)
+        A worker that fails under the handoff is suspect and the request goes to other workers; `StreamFailed`
+        when that cannot be done."""
+        decode, prefill = self._route(prompt_ids)
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         request = GenerateRequest(request_id, tuple(prompt_ids), sampling, self.stream.address)
         gen = Generation(request, decode, prefill, self.stream.open(request_id), self)
         self.active[request_id] = gen
         gen.resuming = asyncio.current_task()  # a worker dying under this handoff is dealt with here
         try:
-            try:
-                await self._hand_off(gen, request)
-                dead = _dead_worker(gen)  # marked dead by the load refresh while the handoff ran
-            except WorkerFailed:
-                dead = decode if not decode.alive else prefill
-            if dead is not None:
-                await self._resume(gen, dead, raise_failure=True)
+            failed = await self._attempt(gen, request)
+            if failed is not None:
+                await self._resume(gen, failed, raise_failure=True)
         finally:
             gen.resuming = None
         return gen
+
+    def _route(self, tokens: Sequence[int]) -> tuple[WorkerState, WorkerState | None]:
+        """The decode worker and the prefill worker (None: decode prefills) for a prompt; raises `NoLiveWorker`."""
+        decode = self.registry.pick_decode(tokens)
+        if self.colocated:
+            return decode, None
+        prefill, why = choose_prefill(self.registry, self.local_prefill, tokens, decode)
+        if prefill is None:
+            logger.debug("decode worker %s prefills a prompt itself: %s", decode.name, why)
+            self.on_local_prefill(why)
+        return decode, prefill
+
+    async def _attempt(self, gen: Generation, request: GenerateRequest) -> WorkerState | None:
+        """Hand `request` (an attempt of `gen`) to its workers; the worker that failed it (a call failed, or
+        it was marked dead meanwhile), or None when it started. Raises what is the request's own failure."""
+        workers = [w for w in (gen.decode, gen.prefill) if w is not None]
+        try:
+            # No prefill worker given: decode prefills the prompt whatever its local_prefill_threshold.
+            await self._hand_off(gen, dataclasses.replace(request, local_prefill=gen.prefill is None))
+        except WorkerFailed as failure:
+            return next((w for w in workers if w.name == failure.worker), workers[0])
+        return next((w for w in (gen.decode, gen.prefill) if w is not None and not w.alive), None)
 
     async def _hand_off(self, gen: Generation, request: GenerateRequest) -> None:
         """Start `request` (an attempt of `gen`) on `gen.decode` / `gen.prefill`; on failure nothing is held."""
@@ -155,7 +187,7 @@ class Dispatcher:
     def _abort_done(self, task: asyncio.Task) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            logger.warning("abort failed: %s", task.exception())
+            logger.warning("a request could not be aborted: %s", task.exception())
 
     def _fail_requests_of(self, worker: WorkerState) -> None:
         """A worker died: resume every request it held (decode: always; prefill: before its first token)."""
@@ -163,24 +195,25 @@ class Dispatcher:
             if (gen.decode is worker or gen.prefill is worker) and gen.resuming is None:
                 gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, worker))
 
-    async def _resume(self, gen: Generation, dead: WorkerState, raise_failure: bool = False) -> None:
-        """Move `gen` to live workers after `dead` failed; when that cannot be done, end its stream with
-        the error (or raise it: `raise_failure`, the request is still starting)."""
+    async def _resume(self, gen: Generation, failed: WorkerState, raise_failure: bool = False) -> None:
+        """Move `gen` to other workers after `failed` failed it (died, or a call to it failed); when that cannot
+        be done, end its stream with the error (or raise it: `raise_failure`, the request is still starting)."""
         try:
             while True:
-                reason = f"worker {dead.name} failed"
+                reason = f"worker {failed.name} failed"
                 if gen.attempt >= self.max_resumes:
                     raise StreamFailed(f"{reason}; the request was resumed {gen.attempt} times already")
                 self._leave_workers(gen)
                 gen.attempt += 1
+                if self.registry.pickable("decode") and not self.registry.trusted("decode"):
+                    await asyncio.sleep(SUSPECT_POOL_PAUSE_S * gen.attempt)  # closed meanwhile: cancelled here
                 request = resumed_request(gen.request, gen.outputs.delivered, gen.attempt)
                 gen.outputs.restart()
                 if request is None:  # every allowed token was handed out: only the final delta was lost
                     gen.outputs.put(self._length_final(gen))
                     return
                 try:
-                    gen.decode = self.registry.pick_decode(request.prompt_token_ids)
-                    gen.prefill = None if self.colocated else self.registry.pick_prefill(request.prompt_token_ids)
+                    gen.decode, gen.prefill = self._route(request.prompt_token_ids)
                 except Exception as err:
                     raise StreamFailed(f"{reason} and the request cannot be resumed: {err}") from err
                 gen.request_id, gen.closed = request.request_id, False
@@ -188,18 +221,18 @@ class Dispatcher:
                 self.stream.open(request.request_id, gen.outputs)
                 logger.warning("resuming %s on %s after %s", request.request_id, gen.decode.name, reason)
                 try:
-                    await self._hand_off(gen, request)
-                except Exception as err:  # the new worker failed too (it is marked dead): try the next one
+                    now_failed = await self._attempt(gen, request)
+                except Exception as err:  # the request's own failure there (decode full...): try again
                     logger.warning("resuming %s failed: %s", request.request_id, err)
-                    dead = _dead_worker(gen) or dead
                     continue
-                if (dead := _dead_worker(gen)) is None:
+                if now_failed is None:
                     return
-        except StreamFailed as failed:
+                failed = now_failed
+        except StreamFailed as failure:
             if raise_failure:
                 self._leave_workers(gen)
                 raise
-            gen.outputs.put(failed)
+            gen.outputs.put(failure)
         finally:
             gen.resuming = None
 
@@ -218,8 +251,3 @@ class Dispatcher:
         """Wait for the aborts already sent (shutdown, tests)."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
-
-
-def _dead_worker(gen: Generation) -> WorkerState | None:
-    """A worker of `gen`'s current attempt that is marked dead, if any."""
-    return next((w for w in (gen.decode, gen.prefill) if w is not None and not w.alive), None)

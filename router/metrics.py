@@ -2,10 +2,11 @@
 
 Per request (sequence): time to first token, time per output token, end-to-end
 latency, finish reasons, prompt and generated tokens, prefix-cache queries and
-hits (prompt tokens, and those the decode worker already held). Per HTTP
+hits (prompt tokens, and those the decode worker already held), attempts that
+decode prefilled for want of a prefill worker (by reason). Per HTTP
 response: status by endpoint. Per worker, read at scrape time from the
 registry: waiting, running, in-flight as the router counts it, KV-cache usage,
-prefix-cache hit rate, alive, and (decode workers) the KV transfers received:
+prefix-cache hit rate, alive, suspect, and (decode workers) the KV transfers received:
 count, bytes and seconds (first to last chunk of each), counters the worker
 keeps since it started (a restarted worker starts again from zero, which
 Prometheus reads as a counter reset); rate(bytes) / rate(count) is the mean
@@ -47,6 +48,10 @@ class RouterMetrics:
         self.cache_queries = Counter("tandem:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                                      registry=r)  # fmt: skip
         self.cache_hits = Counter("tandem:prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r)
+        self.local_prefills = Counter("tandem:local_prefill_fallbacks",
+                                      "Sequences a decode worker prefilled itself because no prefill worker could "
+                                      "take them, by reason (router.local_prefill).",
+                                      ["reason"], registry=r)  # fmt: skip
         self.in_flight = Gauge("tandem:num_sequences_in_flight", "Admitted sequences not yet ended.", registry=r)
         r.register(_WorkerCollector(workers))
         r.register(_RefusalCollector())
@@ -63,6 +68,10 @@ class RouterMetrics:
         self.generation_tokens.inc(final.num_output_tokens)
         self.cache_queries.inc(final.num_prompt_tokens)
         self.cache_hits.inc(final.num_cached_tokens)
+
+    def local_prefill_started(self, reason: str) -> None:
+        """The dispatcher sent a sequence (or a resumed attempt of one) to decode with no prefill worker."""
+        self.local_prefills.labels(reason).inc()
 
     def sequence_aborted(self) -> None:
         """A sequence ended before its final delta (client gone, error): counted as `abort`."""
@@ -93,6 +102,7 @@ class _WorkerCollector:
             "kv": GaugeMetricFamily("tandem:kv_cache_usage_perc", "Fraction of a worker's KV blocks in use (0-1).", labels=["worker", "role"]),
             "hits": GaugeMetricFamily("tandem:worker_prefix_cache_hit_rate", "A worker's own prefix-cache hit rate.", labels=["worker", "role"]),
             "alive": GaugeMetricFamily("tandem:worker_alive", "1 while the worker is in its pool.", labels=["worker", "role"]),
+            "suspect": GaugeMetricFamily("tandem:worker_suspect", "1 while a call to the worker failed since its last answered heartbeat.", labels=["worker", "role"]),
         }  # fmt: skip
         transfers = {
             "kv_transfers": CounterMetricFamily("tandem:kv_transfers", "KV transfers a decode worker received whole.", labels=["worker", "role"]),
@@ -103,6 +113,7 @@ class _WorkerCollector:
             labels = [w.name, w.role]
             families["in_flight"].add_metric(labels, w.in_flight)
             families["alive"].add_metric(labels, 1.0 if w.alive else 0.0)
+            families["suspect"].add_metric(labels, 1.0 if w.suspect else 0.0)
             if w.load is not None:
                 families["waiting"].add_metric(labels, w.load.waiting)
                 families["running"].add_metric(labels, w.load.running)

@@ -2,18 +2,29 @@
 
 Ownership: the registry owns every `WorkerState` and lives on the router's
 event loop; `register` / `unregister` are called from outside (the cluster
-controller) on that loop (`RouterServer.call_soon` from another thread). A
-worker leaves the pool when unregistered, or is marked dead when a call to it
-fails (a `load()` in the periodic refresh, or any dispatch call): then the
-routing policy forgets it and the dispatcher fails the requests it held.
+controller) on that loop (`RouterServer.call_soon` from another thread).
+
+Busy is not dead. A worker leaves the pool (marked dead: the routing policy
+forgets it and the dispatcher resumes the requests it held elsewhere) only
+  - when unregistered, or
+  - on a verdict of its `kvtransfer.liveness.Liveness`, fed by the periodic `load()`
+    poll (the heartbeat): misses in a row with its address refusing connections or
+    silent for long, a wedged step, steps failing in a row.
+A call that fails (a dispatch call or one heartbeat: timeout, connection down,
+the worker's method raised) only makes it `suspect`: that request attempt fails
+(the dispatcher resumes it), new requests avoid the worker while its pool has
+another, and its next answered heartbeat clears it. A call the worker rejects
+(ValueError) is the request's fault and leaves the worker as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable, Sequence
 
+from kvtransfer.liveness import Liveness, LivenessPolicy
 from router.policy import RoutingPolicy, make_decode_policy
 from router.worker_state import Role, WorkerState
 
@@ -29,17 +40,23 @@ class NoLiveWorker(RuntimeError):
 
 
 class WorkerFailed(RuntimeError):
-    """A call to a worker failed: the worker is marked dead (HTTP 503 for the request that saw it)."""
+    """A call to a worker failed: this request attempt is over (the worker is only suspect, not dead).
+
+    `worker`: its name; `refused`: its address refuses connections (`WorkerGone.refused`)."""
+
+    def __init__(self, reason: str, worker: str = "", refused: bool = False):
+        super().__init__(reason)
+        self.worker, self.refused = worker, refused
 
 
 class GuardedEndpoint:
-    """A worker's async endpoint whose failures mark the worker dead.
+    """A worker's async endpoint whose failures raise `WorkerFailed` and are reported to `on_failure`.
 
     A ValueError (also Ray's task error wrapping one) is the request's fault, not
-    the worker's: it passes through and the worker stays alive."""
+    the worker's: it passes through and nothing is reported."""
 
-    def __init__(self, endpoint, on_failure: Callable[[str], None]):
-        self._endpoint, self._on_failure = endpoint, on_failure
+    def __init__(self, endpoint, name: str, on_failure: Callable[[WorkerFailed], None]):
+        self._endpoint, self._name, self._on_failure = endpoint, name, on_failure
 
     def __getattr__(self, method: str):
         call = getattr(self._endpoint, method)
@@ -52,8 +69,9 @@ class GuardedEndpoint:
             except Exception as err:
                 # Ray's messages run over many lines of internals: the first one says what happened.
                 reason = f"{method} failed: {type(err).__name__}: {_first_line(err)}"
-                self._on_failure(reason)
-                raise WorkerFailed(reason) from err
+                failure = WorkerFailed(reason, self._name, getattr(err, "refused", False))
+                self._on_failure(failure)
+                raise failure from err
 
         return guarded
 
@@ -64,25 +82,37 @@ class GuardedEndpoint:
             close()
 
 
-def _first_line(err: Exception) -> str:
+def _first_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     return lines[0] if lines else ""
 
 
 class WorkerRegistry:
-    def __init__(self, policy: RoutingPolicy, decode_policy: RoutingPolicy | None = None):
+    def __init__(self, policy: RoutingPolicy, decode_policy: RoutingPolicy | None = None,
+                 liveness: LivenessPolicy = LivenessPolicy(), clock: Callable[[], float] = time.monotonic):  # fmt: skip
         self.policy = policy  # the prefill pool's (cache_aware, least_loaded, round_robin)
         self.decode_policy = decode_policy or make_decode_policy()
+        self.liveness, self.clock = liveness, clock  # how workers are judged (`judge_by`); the clock for tests
         self.workers: dict[str, WorkerState] = {}
         self._dead_listeners: list[Callable[[WorkerState], None]] = []
+
+    def judge_by(self, liveness: LivenessPolicy) -> None:
+        """Judge workers by `liveness` from now on (the router app applies its `RouterConfig.liveness`
+        to whichever registry it serves, also one the cluster built)."""
+        self.liveness = liveness
+        for state in self.workers.values():
+            state.liveness.policy = liveness
 
     # ---- membership (called by the cluster) -------------------------------
     def register(self, name: str, role: Role, endpoint) -> WorkerState:
         """Add a worker; `endpoint` has async `reserve`/`prefill`, `abort`, `load` (e.g. `AsyncEncodedCalls`)."""
-        if name in self.workers and self.workers[name].alive:
+        old = self.workers.get(name)
+        if old is not None and old.alive:
             raise ValueError(f"worker {name!r} is already registered")
-        guarded = GuardedEndpoint(endpoint, lambda reason: self.mark_dead(name, reason))
-        state = self.workers[name] = WorkerState(name, role, guarded)
+        if old is not None:  # a dead worker of that name comes back: its old connection goes
+            old.endpoint.close()
+        guarded = GuardedEndpoint(endpoint, name, self._call_failed)
+        state = self.workers[name] = WorkerState(name, role, guarded, liveness=Liveness(self.liveness, self.clock))
         return state
 
     def unregister(self, name: str) -> None:
@@ -99,7 +129,9 @@ class WorkerRegistry:
     def on_dead(self, listener: Callable[[WorkerState], None]) -> None:
         self._dead_listeners.append(listener)
 
+    # ---- health ------------------------------------------------------------
     def mark_dead(self, name: str, reason: str) -> None:
+        """Out of the pool (a liveness verdict, or unregistered): its requests are resumed elsewhere."""
         state = self.workers.get(name)
         if state is None or not state.alive:
             return
@@ -110,6 +142,18 @@ class WorkerRegistry:
         for listener in self._dead_listeners:
             listener(state)
 
+    def mark_suspect(self, name: str, reason: str) -> None:
+        """A call to it failed: avoided by new requests until its next heartbeat is answered."""
+        state = self.workers.get(name)
+        if state is None or not state.alive:
+            return
+        if not state.suspect:
+            logger.warning("worker %s is suspect: %s", name, reason)
+        state.suspect = True
+
+    def _call_failed(self, failure: WorkerFailed) -> None:
+        self.mark_suspect(failure.worker, str(failure))
+
     # ---- choosing ----------------------------------------------------------
     def live(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role and w.alive]
@@ -118,30 +162,50 @@ class WorkerRegistry:
         """Live and not draining: the workers new requests may go to."""
         return [w for w in self.live(role) if not w.draining]
 
+    def trusted(self, role: Role) -> list[WorkerState]:
+        """Pickable and not suspect: the workers new requests go to first."""
+        return [w for w in self.pickable(role) if not w.suspect]
+
     def pick_prefill(self, tokens: Sequence[int]) -> WorkerState:
-        workers = self.pickable("prefill")
+        """A trusted prefill worker, by the routing policy (the dispatcher prefills on decode when none is)."""
+        workers = self.trusted("prefill")
         if not workers:
             raise NoLiveWorker("prefill")
         return self.policy.pick(tokens, workers)
 
     def pick_decode(self, tokens: Sequence[int]) -> WorkerState:
-        workers = self.pickable("decode")
+        """A trusted decode worker, else a suspect one (decode is the last resort: there is no other)."""
+        workers = self.trusted("decode") or self.pickable("decode")
         if not workers:
             raise NoLiveWorker("decode")
         return self.decode_policy.pick(tokens, workers)
 
-    # ---- load --------------------------------------------------------------
+    # ---- heartbeats --------------------------------------------------------
     async def refresh_loads(self, timeout_s: float) -> None:
-        """Read every live worker's `load()` at once; one that fails or times out is marked dead."""
+        """Read every live worker's `load()` at once and judge each by its answer (or its silence)."""
         workers = [w for w in self.workers.values() if w.alive]
         results = await asyncio.gather(
             *(asyncio.wait_for(w.endpoint.load(), timeout_s) for w in workers), return_exceptions=True
         )
         for worker, result in zip(workers, results):
-            if isinstance(result, BaseException):
-                self.mark_dead(worker.name, f"load() failed: {type(result).__name__}: {result}")
+            if worker.alive:  # not unregistered meanwhile
+                self._judge(worker, result, timeout_s)
+
+    def _judge(self, worker: WorkerState, result, timeout_s: float) -> None:
+        if isinstance(result, BaseException):
+            if isinstance(result, asyncio.TimeoutError):
+                reason = f"load() got no answer within {timeout_s:g} s"
+            elif isinstance(result, WorkerFailed):
+                reason = str(result)
             else:
-                worker.load = result
+                reason = f"load() failed: {type(result).__name__}: {_first_line(result)}"
+            self.mark_suspect(worker.name, reason)
+            verdict = worker.liveness.missed(reason, refused=getattr(result, "refused", False))
+        else:
+            worker.load, worker.suspect = result, False
+            verdict = worker.liveness.answered(result)
+        if verdict is not None:
+            self.mark_dead(worker.name, verdict)
 
     async def keep_loads_fresh(self, interval_s: float, timeout_s: float) -> None:
         """Run until cancelled: a refresh every `interval_s`."""

@@ -5,13 +5,20 @@ Load is counted at dispatch: `in_flight` goes up when the router sends a
 request and down when that worker's part of it ends (prefill: first token or
 failure; decode: the finished delta), so two requests routed in the same
 millisecond see each other even before the worker reports a new `WorkerLoad`.
+
+Health, as the registry judges it (`router.registry`): `alive` goes False once,
+for good, on a verdict of `liveness` (heartbeats) or when unregistered;
+`suspect` is set by a call that failed (dispatch or heartbeat) and cleared by
+the next heartbeat answered: a suspect worker gets new requests only when its
+pool has no other.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from kvtransfer.liveness import Liveness
 from kvtransfer.protocol import WorkerLoad
 
 Role = Literal["prefill", "decode"]
@@ -26,6 +33,8 @@ class WorkerState:
     in_flight: int = 0  # dispatched and not yet ended, counted by the router
     alive: bool = True
     draining: bool = False  # finishing what it holds; gets no new requests (the cluster removes it next)
+    suspect: bool = False  # a call to it failed since its last answered heartbeat
+    liveness: Liveness = field(default_factory=Liveness)  # its heartbeat record (the registry's policy)
 
     @property
     def pending(self) -> int:

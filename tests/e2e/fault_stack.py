@@ -2,7 +2,7 @@
 
 `fault_stack` starts the pools a test asks for (each worker with its own
 config: faults, policies, timeouts), registers them and serves; `kill_9`
-kills an actor's process as `kill -9` does. `record` appends one row of the
+kills an actor's process as `kill -9` does (`pid_of` for other signals). `record` appends one row of the
 reliability table to the JSON lines file named by TANDEM_FAULT_REPORT
 (scripts/bench_faults.py sets it and turns the rows into RELIABILITY.md).
 """
@@ -51,10 +51,14 @@ def fault_stack(ray, args: EngineArgs, config: RouterConfig, prefill: list[Prefi
             ray.kill(actor, no_restart=True)
 
 
+def pid_of(ray, actor) -> int:
+    """The process id of the actor's worker process (to signal it)."""
+    return ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
+
+
 def kill_9(ray, actor) -> None:
     """SIGKILL the actor's process: no cleanup, no goodbye, as a crashed worker."""
-    pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid_of(ray, actor), signal.SIGKILL)
 
 
 def leaked_blocks(ray, stack, survivors: list[str]) -> int:

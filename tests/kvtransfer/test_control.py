@@ -8,12 +8,18 @@ service only needs somewhere to deliver each `Call`).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import zmq
 
+from kvtransfer import control_sockets
 from kvtransfer.codec import decode, encode
 from kvtransfer.control_client import CallFailed, CallRejected, CallTimedOut, ControlClient, WorkerGone, control_endpoint
 from kvtransfer.protocol import ControlCall, ControlReply, GenerateRequest, SamplingSpec, WorkerLoad
@@ -62,11 +68,11 @@ CALLS = {"echo": _echo_arg, "abort": request_id_arg}
 class Server:
     """A control service on its own I/O thread, delivering calls to `deliver`."""
 
-    def __init__(self, deliver, max_message_bytes: int = 16 << 20):
+    def __init__(self, deliver, max_message_bytes: int = 16 << 20, address: str = "tcp://127.0.0.1:0"):
         self.board = LoadBoard("echo")
         self.board.publish(LoopSnapshot(ECHO_LOAD, True, True))
-        self.io = IOThread("echo-io", lambda io: [ControlService(self.board, CALLS, deliver, io.post,
-                                                                 max_message_bytes=max_message_bytes)])  # fmt: skip
+        self.io = IOThread("echo-io", lambda io: [ControlService(self.board, CALLS, deliver, io.post, address,
+                                                                 max_message_bytes)])  # fmt: skip
         self.service = self.io.services[0]
         self.address = self.service.address
 
@@ -166,17 +172,143 @@ def test_a_call_without_reply_times_out_and_its_late_reply_is_dropped(pooled, wo
 
 def test_a_server_that_goes_away_fails_waiting_and_later_calls(pooled):
     async def main():
-        client = ControlClient(pooled.address)
+        client = ControlClient(pooled.address)  # the default timeout: 120 s, so only WorkerGone can fail fast
         assert await client.call("echo", "up") == "UP"
         waiting = asyncio.ensure_future(client.call("echo", "hold-until-gone"))
         await asyncio.sleep(0.05)
         pooled.close()  # its socket closes, as when the worker's process dies
-        with pytest.raises(WorkerGone):
+        with pytest.raises(WorkerGone, match="dropped"):
             await waiting
         with pytest.raises(WorkerGone):
             await client.call("echo", "again")
 
     asyncio.run(main())
+
+
+async def _until(predicate, what: str, timeout_s: float = 10.0):
+    """Await `predicate()` (a coroutine function) until it returns something true; return that."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not (result := await predicate()):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+    return result
+
+
+async def _gone_error(client: ControlClient) -> WorkerGone | None:
+    """The WorkerGone a call gets (None if it is answered, or still waits after a second: try again)."""
+    try:
+        await asyncio.wait_for(client.call("echo", "anyone?"), 1.0)
+    except WorkerGone as gone:
+        return gone
+    except asyncio.TimeoutError:
+        pass
+    return None
+
+
+async def _answer(client: ControlClient) -> str | None:
+    try:
+        return await client.call("echo", "back")
+    except WorkerGone:
+        return None
+
+
+def test_a_worker_that_closes_and_rebinds_its_port_is_reached_again(worker):
+    """Closed: calls fail at once (no reply wait), soon saying the address refuses; rebound: calls work again."""
+    loop = WorkerLoop("echo", LoadBoard("echo"), lambda deliver: worker)
+    server = Server(loop.post)
+    address = server.address
+
+    async def main():
+        nonlocal server
+        client = ControlClient(address)  # 120 s timeout: a call that waited would not fail within this test
+        assert await client.call("echo", "up") == "UP"
+        server.close()
+        first = await _until(lambda: _gone_error(client), "a call to fail while the worker is down")
+        refused = await _until(lambda: _refusal(client), "the address to refuse connections")
+        assert not client.up and refused.refused and "refuses connections" in str(refused)
+        server = Server(loop.post, address=address)  # the same port, as a restarted worker may
+        assert await _until(lambda: _answer(client), "the worker to answer again") == "BACK"
+        return first, client
+
+    try:
+        first, client = asyncio.run(main())
+    finally:
+        server.close()
+        loop.stop()
+    assert isinstance(first, WorkerGone) and client.up and client.reconnects == 1
+
+
+async def _refusal(client: ControlClient) -> WorkerGone | None:
+    gone = await _gone_error(client)
+    return gone if gone is not None and gone.refused else None
+
+
+def test_a_call_made_before_the_worker_listens_waits_for_it(worker):
+    with socket.create_server(("127.0.0.1", 0)) as probe:  # a free port, closed again: nobody listens there yet
+        port = probe.getsockname()[1]
+    loop = WorkerLoop("echo", LoadBoard("echo"), lambda deliver: worker)
+    servers = []
+
+    async def main():
+        client = ControlClient(f"tcp://127.0.0.1:{port}")
+        early = asyncio.ensure_future(client.call("echo", "early"))
+        await asyncio.sleep(0.3)  # ZMQ retries the refused connection meanwhile; the call waits
+        assert not early.done()
+        servers.append(Server(loop.post, address=f"tcp://127.0.0.1:{port}"))
+        return await early
+
+    try:
+        assert asyncio.run(main()) == "EARLY"
+    finally:
+        for server in servers:
+            server.close()
+        loop.stop()
+
+
+# A worker's control socket that takes calls and answers none: only the connection matters here.
+_FROZEN_PEER = """
+import zmq
+sock = zmq.Context.instance().socket(zmq.ROUTER)
+sock.bind("tcp://127.0.0.1:0")
+print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+while True:
+    sock.recv_multipart()
+"""
+
+
+def test_a_stopped_peer_is_disconnected_by_the_heartbeat_and_reached_again_once_it_runs(monkeypatch):
+    """SIGSTOP freezes every thread of the worker's process, ZMQ's too: the heartbeat times out (shortened
+    here from 15 s), calls fail at once, and the address does not refuse (the process holds its port)."""
+    monkeypatch.setattr(control_sockets, "HEARTBEAT_IVL_MS", 100)
+    monkeypatch.setattr(control_sockets, "HEARTBEAT_TIMEOUT_MS", 500)
+    peer = subprocess.Popen([sys.executable, "-c", _FROZEN_PEER], stdout=subprocess.PIPE, text=True)
+    try:
+        address = peer.stdout.readline().strip()
+
+        async def main():
+            client = ControlClient(address)
+            first = asyncio.ensure_future(client.call("echo", "connect"))  # never answered
+            await _until(lambda: _link_up(client), "the connection")
+            os.kill(peer.pid, signal.SIGSTOP)
+            await _until(lambda: _gone_error(client), "the heartbeat to drop the connection")
+            assert first.done() and isinstance(first.exception(), WorkerGone)
+            await asyncio.sleep(0.3)  # several reconnection attempts: the frozen process's port still accepts
+            down = await _gone_error(client)  # fails at once: the connection is down
+            os.kill(peer.pid, signal.SIGCONT)
+            await _until(lambda: _link_up(client), "the connection to come back")
+            return down, client.reconnects
+
+        down, reconnects = asyncio.run(main())
+        assert "is down (reconnecting)" in str(down) and not down.refused and reconnects == 1
+    finally:
+        os.kill(peer.pid, signal.SIGCONT)
+        peer.kill()
+        peer.wait()
+
+
+async def _link_up(client: ControlClient) -> bool:
+    return client.up
 
 
 def test_garbage_is_dropped_and_counted_and_the_server_keeps_serving(looped):
@@ -211,7 +343,7 @@ def test_a_message_over_the_size_limit_never_reaches_the_worker(worker):
         loop.stop()
 
 
-def test_the_registry_marks_a_worker_dead_on_failure_and_timeout_but_not_on_rejection(looped, worker):
+def test_a_failed_or_timed_out_call_makes_the_worker_suspect_not_dead_and_a_rejection_does_neither(looped, worker):
     failing = Server(lambda call: call.answer(None, RuntimeError("the worker is stopping")))  # as a dying worker's
     hung = Server(lambda call: None)  # takes calls, never answers
 
@@ -225,10 +357,11 @@ def test_the_registry_marks_a_worker_dead_on_failure_and_timeout_but_not_on_reje
         for name in ("failing", "hung"):
             with pytest.raises(WorkerFailed):
                 await states[name].endpoint.abort("r-1")
-        return {name: state.alive for name, state in states.items()}
+        return {name: (state.alive, state.suspect) for name, state in states.items()}
 
     try:
-        assert asyncio.run(main()) == {"healthy": True, "failing": False, "hung": False}
+        alive = {"healthy": (True, False), "failing": (True, True), "hung": (True, True)}
+        assert asyncio.run(main()) == alive
     finally:
         failing.close()
         hung.close()
