@@ -7,12 +7,14 @@
       handoff: `kvtransfer.handoff.start_request_async` (reserve on decode, retry while full,
                PrefillTask to prefill; abort both on failure)
     Generation.chunks()   tokens in order from the token stream
-      first token arrives -> prefill's part is over: its in_flight -= 1
+      decode's first token (the second one) or the final delta -> prefill's part is over (the prompt's
+                             KV landed on decode): its in_flight -= 1. Until then a prefill worker that
+                             dies takes the request with it (its KV may never come) and it resumes.
       final delta         -> decode's part is over: its in_flight -= 1
     Generation.close()    always called (finally); unfinished -> abort on both workers (frees their blocks)
     a call fails          (the worker is only suspect) that attempt is given up and the request resumed
                           on other workers (`router.migration`), as below
-    a worker dies         every request it held (decode: any time; prefill: before the first token) is
+    a worker dies         every request it held (decode: any time; prefill: until its KV landed) is
                           resumed on live workers, up to `max_resumes` times; with no live decode worker
                           left its stream fails (a clear error, never a hang)
 
@@ -66,7 +68,7 @@ class Generation:
 
     async def chunks(self) -> AsyncIterator[OutputChunk]:
         async for chunk in self.outputs.chunks():
-            if chunk.token_ids:
+            if self.outputs.attempt_tokens > 1:  # decode made a token: the prompt's KV landed there
                 self.dispatcher._end_prefill_part(self)
             if chunk.final is not None:
                 self.finished = True
@@ -190,7 +192,7 @@ class Dispatcher:
             logger.warning("a request could not be aborted: %s", task.exception())
 
     def _fail_requests_of(self, worker: WorkerState) -> None:
-        """A worker died: resume every request it held (decode: always; prefill: before its first token)."""
+        """A worker died: resume every request it held (decode: always; prefill: until its KV landed on decode)."""
         for gen in list(self.active.values()):
             if (gen.decode is worker or gen.prefill is worker) and gen.resuming is None:
                 gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, worker))

@@ -1,7 +1,7 @@
 """Request migration: the request a failed attempt leaves to the next one.
 
 When a worker dies while it holds a request (decode at any time; prefill
-before the first token), the router resumes the request on live workers: the
+until its KV has landed on decode), the router resumes the request on live workers: the
 new attempt's prompt is the original prompt followed by every token already
 handed to the client, it may produce only the tokens still allowed, and its
 output is spliced after those tokens (`router.token_stream.RequestOutputs.restart`),

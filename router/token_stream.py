@@ -62,6 +62,11 @@ class RequestOutputs:
         self.delivered: list[int] = []  # every token id handed out, in order
         self.last_activity = time.monotonic()  # when a delta last arrived (the watchdog reads it)
 
+    @property
+    def attempt_tokens(self) -> int:
+        """Tokens handed out by the current attempt (the first is the prefill worker's, the rest decode's)."""
+        return self._next - self._offset
+
     def put(self, item: TokenDelta | StreamFailed) -> None:
         self.last_activity = time.monotonic()
         self._queue.put_nowait((self._attempt, item))

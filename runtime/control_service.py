@@ -114,7 +114,11 @@ class ControlService:
         except ValueError as e:  # DecodeError is one: the call's fault
             self.rejected += 1
             return self._send(identity, ControlReply(call.call_id, error=f"{type(e).__name__}: {e}", rejected=True))
-        self._deliver(Call(call.method, arg, self._answerer(identity, call.call_id)))
+        answer = self._answerer(identity, call.call_id)
+        try:
+            self._deliver(Call(call.method, arg, answer))
+        except RuntimeError as e:  # the loop is stopped: the worker is going away
+            answer(None, e)
 
     def _decoder(self, method: str) -> Callable[[object], object]:
         decoder = self._decoders.get(method)

@@ -40,8 +40,7 @@ def actors(tiny_model_dirs):
     decode = DecodeActor(args, DecodeWorkerConfig("decode-0"), torch_threads=None)
     yield prefill, decode
     for actor in (prefill, decode):
-        actor.control.close()
-        actor.loop.stop()
+        actor.shutdown()
 
 
 @contextlib.asynccontextmanager
@@ -111,12 +110,13 @@ def test_closing_an_unfinished_generation_aborts_it_on_both_workers(actors):
 def test_a_failing_prefill_worker_is_suspect_not_dead_and_decode_serves_its_requests(actors, tiny_model_dirs):
     args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256)
     stopped = PrefillActor(args, PrefillWorkerConfig("prefill-gone"), torch_threads=None)
-    stopped.loop.stop()  # every call now fails, as a dying worker's would
 
     async def main():
         async with _dispatcher(*actors) as (dispatcher, registry):
             registry.unregister("prefill-0")
             registry.register("prefill-gone", "prefill", _local(stopped))
+            await registry.workers["prefill-gone"].endpoint.load()  # connected ...
+            stopped.shutdown()  # ... then its socket closes: every call now fails, as a dying worker's would
             first = await _run(dispatcher, PROMPTS["mid"])  # its prefill call fails: resumed, decode prefills
             gone = registry.workers["prefill-gone"]
             assert gone.alive and gone.suspect  # one failed call is no death: only its heartbeats can tell
@@ -125,7 +125,6 @@ def test_a_failing_prefill_worker_is_suspect_not_dead_and_decode_serves_its_requ
             return first, second, registry
 
     first, second, registry = asyncio.run(main())
-    stopped.control.close()
     expected = hf_greedy(tiny_model_dirs["llama"], PROMPTS["mid"], 8)
     assert first[0] == second[0] == expected
     assert registry.workers["decode-0"].in_flight == registry.workers["prefill-gone"].in_flight == 0

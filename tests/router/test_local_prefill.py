@@ -150,8 +150,7 @@ def decode_actor(tiny_model_dirs):
     args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256)
     actor = DecodeActor(args, DecodeWorkerConfig("decode-0"), torch_threads=None)  # never prefills on its own
     yield actor
-    actor.control.close()
-    actor.loop.stop()
+    actor.shutdown()
 
 
 async def _tokens(gen) -> tuple[list[int], object]:

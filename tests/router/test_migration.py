@@ -43,7 +43,7 @@ def survivors(engine_args):
     decode = DecodeActor(engine_args, DecodeWorkerConfig("decode-1"), torch_threads=None)
     yield prefill, decode
     for actor in (prefill, decode):
-        actor.loop.stop()
+        actor.shutdown()
 
 
 @contextlib.asynccontextmanager
@@ -91,7 +91,7 @@ def test_a_dead_decode_workers_request_resumes_on_the_other_with_greedy_output(e
             tokens: list[int] = []
             await _tokens_until(gen, 5, tokens)
             registry.mark_dead("decode-0", "killed by the test")  # as a failed load() does
-            doomed.loop.stop()
+            doomed.shutdown()
             final = await _tokens_until(gen, 10**6, tokens)
             gen.close()
         return gen, tokens, final, registry
@@ -113,7 +113,7 @@ def test_with_no_decode_worker_left_the_stream_fails_at_once(engine_args, surviv
             gen = await dispatcher.start(PROMPTS["mid"], LONG)
             await _tokens_until(gen, 2, [])
             registry.mark_dead("decode-0", "killed by the test")
-            doomed.loop.stop()
+            doomed.shutdown()
             with pytest.raises(StreamFailed, match="no decode worker is alive"):
                 await _tokens_until(gen, 10**6, [])
             gen.close()
