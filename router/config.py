@@ -30,7 +30,9 @@ class RouterConfig:
     stream_address: str = "tcp://127.0.0.1:0"  # the token stream's PULL (workers PUSH to it)
     chat_template: str | None = None  # a Jinja template; None -> the tokenizer's own
     handoff: HandoffTimeouts = field(default_factory=HandoffTimeouts)
-    no_token_timeout_s: float = 60.0  # watchdog: a request with no token for this long ends with an error (0: off)
+    # Watchdog: a request with no token for this long is resumed on other workers (ended once its resumes are
+    # spent); longer than a KV transfer's deadline (120 s), which ends a stuck transfer first (0: off).
+    no_token_timeout_s: float = 180.0
     max_resumes: int = 3  # a request whose worker died is resumed elsewhere at most this many times
     api_key: str | None = field(default=None, repr=False)  # set: /v1/* and /admin/* need `Authorization: Bearer <key>`
     max_request_body_bytes: int = 8 << 20  # a larger HTTP body is refused (413)

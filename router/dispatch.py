@@ -197,14 +197,22 @@ class Dispatcher:
             if (gen.decode is worker or gen.prefill is worker) and gen.resuming is None:
                 gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, worker))
 
-    async def _resume(self, gen: Generation, failed: WorkerState, raise_failure: bool = False) -> None:
+    def resume(self, gen: Generation, why: str, failure: type[StreamFailed] = StreamFailed) -> None:
+        """Move `gen` to other workers now (its workers are fine as far as anyone can tell: the watchdog);
+        when its resumes are spent it ends with `failure(why ...)`."""
+        if gen.resuming is None and not gen.closed:
+            gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, gen.decode, why=why,
+                                                                               failure=failure))  # fmt: skip
+
+    async def _resume(self, gen: Generation, failed: WorkerState, raise_failure: bool = False, why: str = "",
+                      failure: type[StreamFailed] = StreamFailed) -> None:  # fmt: skip
         """Move `gen` to other workers after `failed` failed it (died, or a call to it failed); when that cannot
         be done, end its stream with the error (or raise it: `raise_failure`, the request is still starting)."""
         try:
             while True:
-                reason = f"worker {failed.name} failed"
+                reason = why or f"worker {failed.name} failed"
                 if gen.attempt >= self.max_resumes:
-                    raise StreamFailed(f"{reason}; the request was resumed {gen.attempt} times already")
+                    raise failure(f"{reason}; the request was resumed {gen.attempt} times already")
                 self._leave_workers(gen)
                 gen.attempt += 1
                 if self.registry.pickable("decode") and not self.registry.trusted("decode"):
@@ -229,7 +237,7 @@ class Dispatcher:
                     continue
                 if now_failed is None:
                     return
-                failed = now_failed
+                failed, why = now_failed, ""
         except StreamFailed as failure:
             if raise_failure:
                 self._leave_workers(gen)

@@ -1,11 +1,14 @@
-"""The router's watchdog: a request that gets no token for too long is ended with a clear error.
+"""The router's watchdog: a request that gets no token for too long is moved to other workers.
 
 Every `RequestOutputs` notes when a delta last arrived (or when its attempt
-started). A request silent for `limit_s` (a worker wedged, a KV transfer
-stuck, a token stream lost) gets `RequestTimedOut` on its stream: the client
-sees the error, and closing the generation aborts it on its workers, which
-free its blocks. A request being resumed on other workers is left alone (its
-resumption restarts the clock).
+started). A request silent for `limit_s` (a message lost, a worker wedged in a
+way its heartbeat does not show) is resumed on other workers, as if its
+workers had failed it (`Dispatcher.resume`, `router.migration`): the client
+sees no error, only a pause. Once its resumes are spent it ends with
+`RequestTimedOut`. The limit is longer than a KV transfer's deadline
+(`TransferTimeouts.transfer_s`), so a slow transfer ends on its own terms
+first (decode then prefills the prompt itself), and a request being resumed
+is left alone (its resumption restarts the clock).
 """
 
 from __future__ import annotations
@@ -24,16 +27,17 @@ class RequestTimedOut(StreamFailed):
     """No token arrived for the watchdog's limit."""
 
 
-def end_silent_requests(dispatcher: Dispatcher, limit_s: float, now: float | None = None) -> list[str]:
-    """Fail every request silent for `limit_s`; return their ids."""
+def resume_silent_requests(dispatcher: Dispatcher, limit_s: float, now: float | None = None) -> list[str]:
+    """Resume every request silent for `limit_s` (or end it, its resumes spent); return their ids."""
     now = time.monotonic() if now is None else now
     silent = [
         gen for gen in list(dispatcher.active.values())
         if gen.resuming is None and not gen.closed and now - gen.outputs.last_activity > limit_s
     ]  # fmt: skip
     for gen in silent:
-        logger.warning("request %s got no token for %.0fs: ending it", gen.request_id, limit_s)
-        gen.outputs.put(RequestTimedOut(f"no token for {limit_s:g}s from workers {_names(gen)}"))
+        why = f"no token for {limit_s:g}s from workers {_names(gen)}"
+        logger.warning("request %s: %s", gen.request_id, why)
+        dispatcher.resume(gen, why, RequestTimedOut)
     return [gen.request_id for gen in silent]
 
 
@@ -41,7 +45,7 @@ async def watch(dispatcher: Dispatcher, limit_s: float) -> None:
     """Run until cancelled: check every request a few times per `limit_s`."""
     while True:
         await asyncio.sleep(max(0.05, limit_s / 4))
-        end_silent_requests(dispatcher, limit_s)
+        resume_silent_requests(dispatcher, limit_s)
 
 
 def _names(gen) -> str:

@@ -24,7 +24,7 @@ from router.migration import resumed_request
 from router.policy import make_policy
 from router.registry import WorkerRegistry
 from router.token_stream import StreamFailed, TokenStreamConsumer
-from router.watchdog import RequestTimedOut, end_silent_requests
+from router.watchdog import RequestTimedOut, resume_silent_requests
 from tests.conftest import hf_greedy
 from tests.e2e.harness import PROMPTS, wait_for
 from tests.router.test_dispatch import _local
@@ -122,18 +122,29 @@ def test_with_no_decode_worker_left_the_stream_fails_at_once(engine_args, surviv
     wait_for(lambda: survivors[0].is_idle() and survivors[0].pool_all_free(), "prefill to be free")
 
 
-def test_the_watchdog_ends_a_silent_request_and_its_close_frees_the_blocks(survivors):
+def test_the_watchdog_resumes_a_silent_request_and_ends_it_once_its_resumes_are_spent(survivors, tiny_model_dirs):
     prefill, decode = survivors
+    prompt = PROMPTS["long"]
 
     async def main():
         async with _dispatching(prefill, decode) as (dispatcher, _):
-            gen = await dispatcher.start(PROMPTS["long"], SamplingSpec(temperature=0.0, max_tokens=150, ignore_eos=True))
-            await _tokens_until(gen, 1, [])
-            far_later = gen.outputs.last_activity + 3600
-            assert end_silent_requests(dispatcher, 60.0, now=far_later) == [gen.request_id]
+            dispatcher.max_resumes = 1
+            gen = await dispatcher.start(prompt, LONG)
+            tokens: list[int] = []
+            await _tokens_until(gen, 3, tokens)
+            assert resume_silent_requests(dispatcher, 60.0, now=gen.outputs.last_activity + 3600) == [gen.request_id]
+            final = await _tokens_until(gen, 10**6, tokens)  # moved, not failed: the client sees every token
+            assert gen.attempt == 1
+            gen2 = await dispatcher.start(prompt, LONG)
+            await _tokens_until(gen2, 1, [])
+            gen2.attempt = dispatcher.max_resumes  # as if it had been resumed already
+            resume_silent_requests(dispatcher, 60.0, now=gen2.outputs.last_activity + 3600)
             with pytest.raises(RequestTimedOut, match="no token for 60s"):
-                await _tokens_until(gen, 10**6, [])
+                await _tokens_until(gen2, 10**6, [])
             gen.close()
+            gen2.close()
+        return tokens, final
 
-    asyncio.run(main())
+    tokens, final = asyncio.run(main())
+    assert tokens == hf_greedy(tiny_model_dirs["llama"], prompt, 40) and final.finish_reason == "length"
     wait_for(lambda: all(a.is_idle() and a.pool_all_free() for a in survivors), "the workers to be free")
