@@ -38,7 +38,10 @@ def spliced(delta: TokenDelta, num_spliced: int) -> TokenDelta:
     )  # fmt: skip
 
 
-def final_delta(record: DecodeRecord, finish_reason: str = "abort", error: str = "") -> TokenDelta:
-    """The last delta of a request that ends here without an engine output (an error, or nothing left to make)."""
+def final_delta(record: DecodeRecord, finish_reason: str = "abort", error: str = "", resumable: bool = False
+                ) -> TokenDelta:  # fmt: skip
+    """The last delta of a request that ends here without an engine output (an error, nothing left to make,
+    or `resumable`: given up by this worker, for the router to resume elsewhere)."""
     n = record.num_output
-    return TokenDelta(record.request_id, n, (), True, finish_reason, record.num_prompt_tokens, n, error=error)
+    return TokenDelta(record.request_id, n, (), True, finish_reason, record.num_prompt_tokens, n, error=error,
+                      resumable=resumable)  # fmt: skip

@@ -255,7 +255,8 @@ class DecodeWorker:
         if record.phase is not Phase.RUNNING:
             return self._release(record, "end", reason)
         self.engine.abort_request(record.request_id)  # frees its blocks (a no-op after a failed step)
-        self._end_stream(record, reason)
+        # A failed step is this worker's trouble, not the request's: the router resumes it elsewhere.
+        self._end_stream(record, reason, resumable=event is Event.STEP_FAILED)
         del self.records[record.request_id]
 
     def _to_gone(self, record: DecodeRecord, event: Event, **_) -> None:
@@ -341,6 +342,7 @@ class DecodeWorker:
             record.num_output = delta.first_index + len(delta.token_ids)
             self.pushers.send(record.stream_address, delta)
 
-    def _end_stream(self, record: DecodeRecord, reason: str, finish_reason: str = "abort") -> None:
+    def _end_stream(self, record: DecodeRecord, reason: str, finish_reason: str = "abort",
+                    resumable: bool = False) -> None:  # fmt: skip
         error = reason if finish_reason == "abort" else ""
-        self.pushers.send(record.stream_address, final_delta(record, finish_reason, error))
+        self.pushers.send(record.stream_address, final_delta(record, finish_reason, error, resumable))

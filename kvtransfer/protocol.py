@@ -244,6 +244,8 @@ class TokenDelta:
     num_cached_tokens: int = 0
     error: str = ""  # why an aborted request ended, when not by the client
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the request asked for logprobs
+    # An abort the worker could not help (its step failed): another worker may resume the request.
+    resumable: bool = False
 
 
 @message

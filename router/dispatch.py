@@ -104,6 +104,7 @@ class Dispatcher:
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         request = GenerateRequest(request_id, tuple(prompt_ids), sampling, self.stream.address)
         gen = Generation(request, decode, prefill, self.stream.open(request_id), self)
+        gen.outputs.on_given_up = lambda final: self._given_up(gen, final)
         self.active[request_id] = gen
         gen.resuming = asyncio.current_task()  # a worker dying under this handoff is dealt with here
         try:
@@ -196,6 +197,12 @@ class Dispatcher:
         for gen in list(self.active.values()):
             if (gen.decode is worker or gen.prefill is worker) and gen.resuming is None:
                 gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, worker))
+
+    def _given_up(self, gen: Generation, final: TokenDelta) -> None:
+        """Its decode worker ended the request without finishing it (a failed step): not the request's
+        fault, so it moves on; that worker is suspect (its heartbeats tell whether every step fails)."""
+        gen.decode.suspect = True
+        self.resume(gen, f"worker {gen.decode.name} gave it up: {final.error}")
 
     def resume(self, gen: Generation, why: str, failure: type[StreamFailed] = StreamFailed) -> None:
         """Move `gen` to other workers now (its workers are fine as far as anyone can tell: the watchdog);

@@ -61,6 +61,9 @@ class RequestOutputs:
         self._offset = 0  # tokens handed out before this attempt began: its index 0 is our `_offset`
         self.delivered: list[int] = []  # every token id handed out, in order
         self.last_activity = time.monotonic()  # when a delta last arrived (the watchdog reads it)
+        # Called (on the consumer's task) with a `resumable` final delta instead of ending the stream:
+        # its worker gave the request up, and the dispatcher moves it to another.
+        self.on_given_up = None
 
     @property
     def attempt_tokens(self) -> int:
@@ -102,7 +105,9 @@ class RequestOutputs:
             index = self._offset + item.first_index + i
             if index >= self._next:
                 self._tokens.setdefault(index, (token, logprob))  # the first to arrive is the one shown
-        if item.finished:
+        if item.finished and item.resumable and self.on_given_up is not None:
+            self.on_given_up(item)  # restarts this stream for the next attempt
+        elif item.finished:
             self._final = self._as_whole_request(item)
 
     def _as_whole_request(self, final: TokenDelta) -> TokenDelta:

@@ -303,7 +303,7 @@ def test_the_router_lease_ends_everything_and_a_failed_step_ends_its_requests(ri
     _reserve(worker, "local", PROMPTS["tiny"], local=True)
     monkeypatch.setattr(worker.engine.runner, "execute", lambda *a: 1 / 0)
     assert worker.step() is False  # the local request's step failed: it ends, its blocks are free
-    assert _final(pushers, "local").finish_reason == "abort" and "local" not in worker.records
+    assert _final(pushers, "local").resumable and "local" not in worker.records  # for the router to move
     time.sleep(0.02)
     worker.check_deadlines()
     assert worker.records["waiting"].phase is Phase.RELEASING

@@ -5,6 +5,8 @@
   on the survivor, re-prefilling the prompt plus the tokens already streamed).
 - `kill -9` of one of 2 prefill workers while prompts queue on it: every
   request completes (re-routed, or recomputed by decode when its KV was cut off).
+- every step of a decode worker fails (a sticky device error): its streams move
+  to the other worker, and its heartbeats soon take it out of the pool.
 - KV chunks dropped or delayed past the receiver's deadline (the sender's
   test-only transport faults): `recompute` completes every request with the
   greedy text, `fail` answers each with a clear error.
@@ -109,6 +111,47 @@ def test_kill_9_a_decode_worker_under_16_open_streams(ray_session, model):
     completed, lost = _tally(results, expected)
     record(f"kill -9 decode worker (1 of 2; it held {held} streams)", len(PROMPTS), completed, lost, leaked)
     assert held > 0 and (completed, lost, leaked) == (len(PROMPTS), 0, 0), results
+
+
+def _break_every_step(ray, actor) -> None:
+    """From now on every forward of the worker fails, as on a device that went bad (a sticky error)."""
+
+    def broken(*args):
+        raise RuntimeError("device lost (injected by the test)")
+
+    ray.get(actor.__ray_call__.remote(lambda a: setattr(a.hosted.worker.engine.runner, "execute", broken)))
+
+
+def test_a_decode_worker_whose_steps_keep_failing_is_taken_out_and_its_streams_move(ray_session, model):
+    n = 24
+    expected = [_greedy_text(model, ids, n) for ids in PROMPTS]
+    prefill = [PrefillWorkerConfig("prefill-0", FAST)]
+    decode = [DecodeWorkerConfig(f"decode-{i}", timeouts=FAST) for i in range(2)]
+    with fault_stack(ray_session, _args(model[0]), _config(model[0]), prefill, decode) as stack:
+
+        async def main():
+            client, progress = _client(stack), [0] * len(PROMPTS)
+            streams = [asyncio.create_task(_stream(client, ids, n, progress, i)) for i, ids in enumerate(PROMPTS)]
+            while min(progress) < 2 and not any(s.done() for s in streams):
+                await asyncio.sleep(0.005)
+            victim = max(stack.registry.live("decode"), key=lambda w: w.in_flight)
+            held = victim.in_flight
+            await asyncio.to_thread(_break_every_step, ray_session, stack.actors[victim.name])
+            results = await asyncio.gather(*streams, return_exceptions=True)
+            # Whatever still reaches it fails its step too: after a few in a row its heartbeat says so.
+            more = []
+            while victim.alive and len(more) < 40:  # batches of 4 at once, so both workers get some
+                more += await asyncio.gather(*(_complete(client, ids, 4) for ids in PROMPTS[:4]))
+            return victim, held, results, more
+
+        victim, held, results, more = asyncio.run(main())
+        survivors = [name for name in stack.actors if name != victim.name]
+        leaked = leaked_blocks(ray_session, stack, survivors)
+    completed, lost = _tally(results, expected)
+    record(f"every step of a decode worker fails (1 of 2; it held {held} streams)", len(PROMPTS), completed, lost,
+           leaked)  # fmt: skip
+    assert held > 0 and (completed, lost, leaked) == (len(PROMPTS), 0, 0), results
+    assert not victim.alive and all(r == (_greedy_text(model, PROMPTS[i % 4], 4), "length") for i, r in enumerate(more))
 
 
 def test_kill_9_a_prefill_worker_under_load(ray_session, model):
