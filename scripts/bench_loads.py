@@ -1,0 +1,206 @@
+"""Serving under load as a user meets it: `tandem serve` with its defaults, driven by vLLM's load generator.
+
+The server is the README's command (`tandem serve`: the default model, an embedded
+local Ray, one prefill and one decode worker, every other setting at its default),
+the client `vllm bench serve` (vLLM's own, through ../shared/tools/vllm-bench) and
+ours (scripts/bench_serving.py), and the peer vLLM's CPU server on the same model,
+one server up at a time. The loads:
+
+  burst      16 prompts of 128 tokens at once, 64 out
+  poisson    24 prompts of 512 tokens, Poisson arrivals at 1 request/s, 128 out
+  prefixes   36 prompts sharing 6 prefixes of 1,024 tokens (+ 32 of their own), 1.5 requests/s, 32 out
+  flood      64 prompts of 256 tokens at once, 64 out
+
+What must hold: every request completes (none failed) and no worker restarts
+(`/admin/status` after each load). The table also gives throughput and latencies
+beside vLLM's.
+
+    python scripts/bench_loads.py --with-vllm --markdown BENCHMARKS.md
+    python scripts/bench_loads.py --model DIR --scale 0.25 --client ours     # a quick look with a small model
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_report import append_section, machine_line  # noqa: E402
+from cluster_bench.servers import free_port, vllm_server  # noqa: E402
+
+VLLM_BENCH = ROOT.parent / "shared" / "tools" / "vllm-bench"
+PEER_VLLM = ROOT.parent / "shared" / "tools" / "peer-vllm"
+SERVED_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    description: str
+    num_prompts: int
+    flags: tuple[str, ...]  # vllm bench serve's own flags (bench_serving.py takes the same)
+
+
+def loads(scale: float = 1.0) -> list[Load]:
+    """The four loads, `scale` times as many prompts (at least 4) at the same lengths and rates."""
+
+    def n(count: int) -> int:
+        return max(4, round(count * scale))
+
+    return [
+        Load("burst", "16 prompts of 128 tokens at once, 64 out", n(16),
+             ("--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "64",
+              "--max-concurrency", str(n(16)))),
+        Load("poisson", "24 prompts of 512 tokens, Poisson 1 request/s, 128 out", n(24),
+             ("--dataset-name", "random", "--random-input-len", "512", "--random-output-len", "128",
+              "--request-rate", "1")),
+        Load("prefixes", "36 prompts sharing 6 prefixes of 1,024 tokens (+32 each), 1.5 requests/s, 32 out", n(36),
+             ("--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "1024",
+              "--prefix-repetition-suffix-len", "32", "--prefix-repetition-num-prefixes", str(max(1, n(36) // 6)),
+              "--prefix-repetition-output-len", "32", "--request-rate", "1.5")),
+        Load("flood", "64 prompts of 256 tokens at once, 64 out", n(64),
+             ("--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "64",
+              "--max-concurrency", str(n(64)))),
+    ]  # fmt: skip
+
+
+def client_command(client: str, url: str, tokenizer: str, load: Load, out: Path, seed: int) -> list[str]:
+    flags = list(load.flags)
+    if client == "ours":  # our generator spells vLLM's dataset name with a dash
+        flags = ["prefix-repetition" if f == "prefix_repetition" else f for f in flags]
+        head = [sys.executable, str(ROOT / "scripts" / "bench_serving.py")]
+    else:
+        head = [str(VLLM_BENCH), "--backend", "openai", "--endpoint", "/v1/completions", "--model", SERVED_NAME]
+    return [*head, "--base-url", url, "--tokenizer", tokenizer, "--num-prompts", str(load.num_prompts), *flags,
+            "--ignore-eos", "--seed", str(seed), "--save-result", "--result-dir", str(out.parent),
+            "--result-filename", out.name, "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99"]  # fmt: skip
+
+
+def run_load(client: str, url: str, tokenizer: str, load: Load, out: Path, seed: int) -> dict:
+    cmd = client_command(client, url, tokenizer, load, out, seed)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"{client} client failed on {load.name}: {done.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+@contextlib.contextmanager
+def tandem_serve(model: str | None, log_path: Path, start_timeout_s: float = 900.0):
+    """`tandem serve` exactly as the README starts it (plus a free port, and --model when given)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "cluster.cli", "serve", "--port", str(port), *(["--model", model] if model else [])]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not _get(f"{url}/health"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"tandem serve did not start (see {log_path})")
+            time.sleep(1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)  # its own clean stop: workers, router, Ray
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _get(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response) if response.status == 200 else None
+    except (OSError, ValueError):
+        return None
+
+
+def restarts(url: str) -> int:
+    """Worker restarts so far, summed over both pools (`/admin/status`)."""
+    status = _get(f"{url}/admin/status") or {"pools": {}}
+    return sum(w["restarts"] for pool in status["pools"].values() for w in pool["workers"])
+
+
+def measure(server: str, url: str, args, result_dir: Path) -> list[dict]:
+    rows = []
+    for client in args.clients:
+        for i, load in enumerate(loads(args.scale)):
+            before = restarts(url) if server == "tandem" else 0
+            result = run_load(client, url, args.tokenizer, load, result_dir / f"{server}-{client}-{load.name}.json",
+                              seed=i + 1)  # fmt: skip
+            result.update(server=server, client=client, load=load.name,
+                          restarts=restarts(url) - before if server == "tandem" else None)  # fmt: skip
+            rows.append(result)
+            print(f"{server} / {client} / {load.name}: {result['completed']} of {result['num_prompts']} completed, "
+                  f"{result['failed']} failed, restarts {result['restarts']}", flush=True)  # fmt: skip
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| load | server | client | completed / sent | failed | worker restarts | req/s | output tok/s | "
+             "TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p50 ms |", "|---" * 11 + "|"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"| {r['load']} | {r['server']} | {'vllm bench serve' if r['client'] == 'vllm' else 'bench_serving.py'} "
+            f"| {r['completed']} / {r['num_prompts']} | {r['failed']} | "
+            f"{'–' if r['restarts'] is None else r['restarts']} | {r['request_throughput']:.2f} | "
+            f"{r['output_throughput']:.1f} | {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
+            f"{r['median_tpot_ms']:.1f} / {r['p99_tpot_ms']:.1f} | {r['median_e2el_ms']:.0f} |"
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", help="tandem serve --model (default: its default model)")
+    p.add_argument("--client", default="vllm", choices=("vllm", "ours", "both"))
+    p.add_argument("--scale", type=float, default=1.0, help="prompts per load, times this (rates unchanged)")
+    p.add_argument("--with-vllm", action="store_true", help="then the same loads against vLLM's CPU server")
+    p.add_argument("--vllm-threads", type=int, default=2)
+    p.add_argument("--markdown", help="append the table (with command, machine, commit) to this file")
+    args = p.parse_args(argv)
+    args.clients = ("vllm", "ours") if args.client == "both" else (args.client,)
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from engine.model_source import resolve_model
+
+    args.tokenizer = str(resolve_model(args.model))  # converts the default GGUF once (tandem serve would too)
+    result_dir = Path(tempfile.mkdtemp(prefix="bench-loads-"))
+    with tandem_serve(args.model, result_dir / "tandem.log") as url:
+        rows = measure("tandem", url, args, result_dir)
+    if args.with_vllm:
+        python = subprocess.run([str(PEER_VLLM)], capture_output=True, text=True, check=True).stdout.strip()
+        engine = {"max_model_len": 8192, "max_num_batched_tokens": 2048, "max_num_seqs": 256}  # tandem's defaults
+        with vllm_server(python, args.tokenizer, SERVED_NAME, engine, args.vllm_threads,
+                         result_dir / "vllm.log") as url:  # fmt: skip
+            rows += measure("vllm", url, args, result_dir)
+    text = table(sorted(rows, key=lambda r: ([x.name for x in loads()].index(r["load"]), r["server"])))
+    print(text)
+    print(f"results: {result_dir}")
+    if args.markdown:
+        details = "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale))
+        append_section(args.markdown, "bench_loads.py", sys.argv[1:], machine_line(), details, text)
+    lost = [r for r in rows if r["server"] == "tandem" and (r["failed"] or r["restarts"])]
+    sys.exit(1 if lost else 0)
+
+
+if __name__ == "__main__":
+    main()
