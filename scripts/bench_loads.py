@@ -16,13 +16,14 @@ What must hold: every request completes (none failed) and no worker restarts
 beside vLLM's.
 
     python scripts/bench_loads.py --with-vllm --markdown BENCHMARKS.md
-    python scripts/bench_loads.py --model DIR --scale 0.25 --client ours     # a quick look with a small model
+    python scripts/bench_loads.py --model DIR --scale 0.5 --length-scale 0.25 --client ours   # a small model (CI)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -53,27 +54,33 @@ class Load:
     flags: tuple[str, ...]  # vllm bench serve's own flags (bench_serving.py takes the same)
 
 
-def loads(scale: float = 1.0) -> list[Load]:
-    """The four loads, `scale` times as many prompts (at least 4) at the same lengths and rates."""
+def loads(scale: float = 1.0, length_scale: float = 1.0) -> list[Load]:
+    """The four loads: `scale` times as many prompts (at least 4), `length_scale` times their token lengths
+    (a small model's context), at the same rates."""
 
     def n(count: int) -> int:
         return max(4, round(count * scale))
 
+    def t(count: int) -> int:
+        return max(4, round(count * length_scale))
+
+    def random(prompts: int, input_len: int, output_len: int, pacing: tuple[str, str], how: str) -> Load:
+        flags = ("--dataset-name", "random", "--random-input-len", str(t(input_len)), "--random-output-len",
+                 str(t(output_len)), *pacing)  # fmt: skip
+        return Load("", f"{n(prompts)} prompts of {t(input_len)} tokens {how}, {t(output_len)} out", n(prompts), flags)
+
+    groups = max(1, n(36) // 6)
+    prefixes = Load("prefixes", f"{n(36)} prompts sharing {groups} prefixes of {t(1024)} tokens (+{t(32)} each), "
+                    f"1.5 requests/s, {t(32)} out", n(36),
+                    ("--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(t(1024)),
+                     "--prefix-repetition-suffix-len", str(t(32)), "--prefix-repetition-num-prefixes", str(groups),
+                     "--prefix-repetition-output-len", str(t(32)), "--request-rate", "1.5"))  # fmt: skip
     return [
-        Load("burst", "16 prompts of 128 tokens at once, 64 out", n(16),
-             ("--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "64",
-              "--max-concurrency", str(n(16)))),
-        Load("poisson", "24 prompts of 512 tokens, Poisson 1 request/s, 128 out", n(24),
-             ("--dataset-name", "random", "--random-input-len", "512", "--random-output-len", "128",
-              "--request-rate", "1")),
-        Load("prefixes", "36 prompts sharing 6 prefixes of 1,024 tokens (+32 each), 1.5 requests/s, 32 out", n(36),
-             ("--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "1024",
-              "--prefix-repetition-suffix-len", "32", "--prefix-repetition-num-prefixes", str(max(1, n(36) // 6)),
-              "--prefix-repetition-output-len", "32", "--request-rate", "1.5")),
-        Load("flood", "64 prompts of 256 tokens at once, 64 out", n(64),
-             ("--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "64",
-              "--max-concurrency", str(n(64)))),
-    ]  # fmt: skip
+        dataclasses.replace(random(16, 128, 64, ("--max-concurrency", str(n(16))), "at once"), name="burst"),
+        dataclasses.replace(random(24, 512, 128, ("--request-rate", "1"), "at Poisson 1 request/s"), name="poisson"),
+        prefixes,
+        dataclasses.replace(random(64, 256, 64, ("--max-concurrency", str(n(64))), "at once"), name="flood"),
+    ]
 
 
 def client_command(client: str, url: str, tokenizer: str, load: Load, out: Path, seed: int) -> list[str]:
@@ -139,7 +146,7 @@ def restarts(url: str) -> int:
 def measure(server: str, url: str, args, result_dir: Path) -> list[dict]:
     rows = []
     for client in args.clients:
-        for i, load in enumerate(loads(args.scale)):
+        for i, load in enumerate(loads(args.scale, args.length_scale)):
             before = restarts(url) if server == "tandem" else 0
             result = run_load(client, url, args.tokenizer, load, result_dir / f"{server}-{client}-{load.name}.json",
                               seed=i + 1)  # fmt: skip
@@ -170,6 +177,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", help="tandem serve --model (default: its default model)")
     p.add_argument("--client", default="vllm", choices=("vllm", "ours", "both"))
     p.add_argument("--scale", type=float, default=1.0, help="prompts per load, times this (rates unchanged)")
+    p.add_argument("--length-scale", type=float, default=1.0, help="token lengths, times this (a small model)")
     p.add_argument("--with-vllm", action="store_true", help="then the same loads against vLLM's CPU server")
     p.add_argument("--vllm-threads", type=int, default=2)
     p.add_argument("--markdown", help="append the table (with command, machine, commit) to this file")
@@ -196,7 +204,7 @@ def main(argv=None) -> None:
     print(text)
     print(f"results: {result_dir}")
     if args.markdown:
-        details = "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale))
+        details = "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
         append_section(args.markdown, "bench_loads.py", sys.argv[1:], machine_line(), details, text)
     lost = [r for r in rows if r["server"] == "tandem" and (r["failed"] or r["restarts"])]
     sys.exit(1 if lost else 0)
