@@ -7,29 +7,60 @@
 The actor sits on the serving process's node (the router's, usually the head), so
 a scale or a restart never waits on another machine to reach the router. It is
 threaded (`max_concurrency`): the router's long-poll `sync`, a scale in progress,
-status calls and the health watch run at the same time; the controller's lock
-serialises changes to the pools. Ownership: the actor owns every worker it
-launched; killing the actor without `shutdown` leaves them to Ray (they die with
-the job that started them).
+status calls, the health watch and restarts run at the same time.
+
+Every part can die and the rest goes on: the workers are detached actors named
+in the deployment's namespace (`cluster.actor_names`), so they outlive this
+actor; Ray restarts this actor (`health.controller_max_restarts`) and retries
+the calls it was running, and the restarted actor takes the workers over
+(`cluster.adoption`: none restarted, the router's registry unchanged) with the
+pool sizes of its last scale (`cluster.ledger`). Ownership: the actor owns every
+worker it launched or adopted; `shutdown` stops them all, and `cluster.reaper`
+sweeps up after an actor that could not.
 """
 
 from __future__ import annotations
 
+import functools
+
+from cluster import ledger
 from cluster.controller import Controller
 from cluster.membership import Membership
 from cluster.spec import ClusterSpec, SpecError
+from cluster.workers import launch
 
 
 class ControllerActor:
-    def __init__(self, spec: ClusterSpec):
+    def __init__(self, spec: ClusterSpec, namespace: str | None = None):
+        """`namespace`: the deployment's (workers named and detached there); None: workers die with this actor."""
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        self.namespace = namespace
         self.membership = Membership(ack_timeout_s=spec.health.timeout_s * 3)
-        self.controller = Controller(spec, self.membership)
+        remember = functools.partial(ledger.save_sizes, namespace) if namespace else None
+        self.controller = Controller(spec, self.membership, functools.partial(launch, namespace=namespace), remember)
+        self.started = namespace is not None and _restarted()
+        if self.started:
+            self._take_over(spec)
+
+    def _take_over(self, spec: ClusterSpec) -> None:
+        """Before any call is served (the router's sync among them): the workers the last incarnation left."""
+        from cluster.adoption import find_workers
+
+        found = find_workers(spec, self.namespace, spec.health.timeout_s)
+        self.controller.resume(found.serving, found.broken, ledger.load_sizes(self.namespace))
 
     def start(self) -> None:
+        """Launch the pools and watch them (once: on a restarted actor, where Ray retries this call,
+        `resume` already brings the pools to size)."""
+        if self.started:
+            return
+        self.started = True
         self.controller.start()
+
+    def ping(self) -> bool:
+        return True
 
     def scale(self, sizes: dict[str, int | None]) -> str | None:
         """None when done; the `SpecError` message when the sizes are invalid (nothing changed)."""
@@ -55,14 +86,30 @@ class ControllerActor:
         self.controller.shutdown()
 
 
-def start_controller(spec: ClusterSpec):
-    """The actor, pinned to this process's node; returns its handle (the engines start with `start`)."""
+def _restarted() -> bool:
+    """Whether Ray restarted this actor (its state is gone; its workers are not)."""
+    import warnings
+
+    import ray
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Ray's property warns about an API it uses inside
+        return ray.get_runtime_context().was_current_actor_reconstructed
+
+
+def start_controller(spec: ClusterSpec, namespace: str | None = None):
+    """The actor, pinned to this process's node; returns its handle (the engines start with `start`).
+
+    Ray restarts it when it dies and retries the calls it was running (`max_task_retries`): every method is
+    safe to run again (scale takes absolute sizes, sync and status only read)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = ray.remote(ControllerActor).options(num_cpus=0, max_concurrency=16, scheduling_strategy=here)
-    return actor.remote(spec)
+    actor = ray.remote(ControllerActor).options(num_cpus=0, max_concurrency=16, scheduling_strategy=here,
+                                                max_restarts=spec.health.controller_max_restarts,
+                                                max_task_retries=-1)  # fmt: skip
+    return actor.remote(spec, namespace)
 
 
 class ControllerClient:
@@ -91,6 +138,13 @@ class ControllerClient:
     def members(self) -> tuple:
         return self._get(self.handle.members.remote())
 
+    def ping(self, timeout_s: float) -> None:
+        """Returns once the actor answers (a restarting one answers when it is back); raises
+        `ray.exceptions.ActorDiedError` when it is dead for good, GetTimeoutError after `timeout_s`."""
+        import ray
+
+        ray.get(self.handle.ping.remote(), timeout=timeout_s)
+
     @property
     def spec(self) -> ClusterSpec:
         return self.members()[0]
@@ -103,7 +157,7 @@ class ControllerClient:
         return [w for w in self.members()[1] if w.role == role]
 
     def shutdown(self) -> None:
-        """Every worker drained of nothing and stopped, then the actor itself."""
+        """Every worker it knows stopped, then the actor itself (raises if the actor is dead for good)."""
         import ray
 
         try:
