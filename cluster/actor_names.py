@@ -1,6 +1,7 @@
 """Where a deployment's worker actors are found again: Ray names in the deployment's own namespace.
 
     namespace        "tandem-<id>"                     one per `Deployment` (`new_namespace`)
+    controller       "controller"                      the controller actor, detached too
     rank 0           "<worker>@<restarts>"             e.g. "decode-0@2": decode-0, restarted twice
     rank r > 0       "<worker>@<restarts>/rank<r>"     its tensor-parallel followers
     placement group  "<namespace>/<worker>@<restarts>" (PG names live in the job's namespace)
@@ -18,6 +19,7 @@ from __future__ import annotations
 import re
 import uuid
 
+CONTROLLER = "controller"
 _RANK0 = re.compile(r"^(?P<worker>(?P<role>prefill|decode)-\d+)@(?P<restarts>\d+)$")
 
 

@@ -14,27 +14,33 @@ in the deployment's namespace (`cluster.actor_names`), so they outlive this
 actor; Ray restarts this actor (`health.controller_max_restarts`) and retries
 the calls it was running, and the restarted actor takes the workers over
 (`cluster.adoption`: none restarted, the router's registry unchanged) with the
-pool sizes of its last scale (`cluster.ledger`). Ownership: the actor owns every
-worker it launched or adopted; `shutdown` stops them all, and `cluster.reaper`
-sweeps up after an actor that could not.
+pool sizes of its last scale (`cluster.ledger`). The actor is detached and named
+in that namespace too, so that it outlives the serving process's Ray job; it
+watches that process and ends the deployment once it is gone (`cluster.orphans`).
+Ownership: the actor owns every worker it launched or adopted; `shutdown` stops
+them all, and `cluster.reaper` sweeps up after an actor that could not.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 
 from cluster import ledger
+from cluster.actor_names import CONTROLLER, detached
 from cluster.controller import Controller
 from cluster.membership import Membership
+from cluster.orphans import ServingProcess, watch_serving_process
 from cluster.spec import ClusterSpec, SpecError
 from cluster.workers import launch
 
+logger = logging.getLogger("tandem.cluster")
+
 
 class ControllerActor:
-    def __init__(self, spec: ClusterSpec, namespace: str | None = None):
-        """`namespace`: the deployment's (workers named and detached there); None: workers die with this actor."""
-        import logging
-
+    def __init__(self, spec: ClusterSpec, namespace: str | None = None, serving: ServingProcess | None = None):
+        """`namespace`: the deployment's (workers named and detached there); None: workers die with this actor.
+        `serving`: the process the router runs in; once it is gone, the deployment ends (`cluster.orphans`)."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
         self.namespace = namespace
         self.membership = Membership(ack_timeout_s=spec.health.timeout_s * 3)
@@ -43,6 +49,8 @@ class ControllerActor:
         self.started = namespace is not None and _restarted()
         if self.started:
             self._take_over(spec)
+        if serving is not None:
+            watch_serving_process(serving, self._end_orphaned)
 
     def _take_over(self, spec: ClusterSpec) -> None:
         """Before any call is served (the router's sync among them): the workers the last incarnation left."""
@@ -50,6 +58,20 @@ class ControllerActor:
 
         found = find_workers(spec, self.namespace, spec.health.timeout_s)
         self.controller.resume(found.serving, found.broken, ledger.load_sizes(self.namespace))
+
+    def _end_orphaned(self) -> None:
+        """The serving process is gone without stopping the deployment: stop every worker, then this actor."""
+        import ray
+
+        from cluster.reaper import reap
+
+        logger.warning("the serving process is gone: stopping every worker and the controller")
+        try:
+            self.controller.shutdown()
+            if self.namespace is not None:
+                reap(self.namespace, keep=CONTROLLER)
+        finally:
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     def start(self) -> None:
         """Launch the pools and watch them (once: on a restarted actor, where Ray retries this call,
@@ -101,15 +123,17 @@ def start_controller(spec: ClusterSpec, namespace: str | None = None):
     """The actor, pinned to this process's node; returns its handle (the engines start with `start`).
 
     Ray restarts it when it dies and retries the calls it was running (`max_task_retries`): every method is
-    safe to run again (scale takes absolute sizes, sync and status only read)."""
+    safe to run again (scale takes absolute sizes, sync and status only read). With a namespace it is
+    detached and named there like the workers: it outlives this process's Ray job (a `tandem serve` killed
+    on a cluster that goes on), watches this process and ends the deployment once it is gone."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = ray.remote(ControllerActor).options(num_cpus=0, max_concurrency=16, scheduling_strategy=here,
                                                 max_restarts=spec.health.controller_max_restarts,
-                                                max_task_retries=-1)  # fmt: skip
-    return actor.remote(spec, namespace)
+                                                max_task_retries=-1, **detached(namespace, CONTROLLER))  # fmt: skip
+    return actor.remote(spec, namespace, ServingProcess.this() if namespace else None)
 
 
 class ControllerClient:

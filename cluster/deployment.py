@@ -103,6 +103,7 @@ class Deployment:
         sync = RouterSync(registry, self.controller.handle, self.app.state.router.metrics.latency_totals,
                           self.config.cluster_key)  # fmt: skip
         self._sync_task = self.server.call(lambda: asyncio.get_running_loop().create_task(sync.run()))
+        self._stopped = False
 
     @property
     def url(self) -> str:
@@ -119,7 +120,10 @@ class Deployment:
 
     def stop(self, ray_alive: bool = True) -> None:
         """Every worker and the controller stopped, then the router. `ray_alive=False`: the Ray cluster is
-        gone (and every worker with it), only the router is left to stop."""
+        gone (and every worker with it), only the router is left to stop. Once: later calls do nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         try:
             if ray_alive:
                 self._stop_workers()  # the router keeps syncing meanwhile: it sees each worker leave

@@ -11,16 +11,18 @@ from __future__ import annotations
 import logging
 
 from cluster import ledger
+from cluster.actor_names import CONTROLLER
 
 logger = logging.getLogger("tandem.cluster")
 
 
-def reap(namespace: str) -> int:
-    """Kill what is left in `namespace` (actors, placement groups, the ledger); returns how many actors."""
+def reap(namespace: str, keep: str | None = None) -> int:
+    """Kill what is left in `namespace` (actors but `keep`, placement groups, the ledger); returns how many workers."""
     import ray
     from ray.util.placement_group import PlacementGroup, PlacementGroupID, remove_placement_group
 
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == namespace and a["name"] != keep]  # fmt: skip
     for name in names:
         try:
             ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
@@ -30,6 +32,7 @@ def reap(namespace: str) -> int:
         if group.get("name", "").startswith(f"{namespace}/") and group.get("state") != "REMOVED":
             remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(group_id)))
     ledger.forget(namespace)
-    if names:
-        logger.warning("killed %d worker actors the controller left behind: %s", len(names), ", ".join(names))
-    return len(names)
+    workers = [name for name in names if name != CONTROLLER]
+    if workers:
+        logger.warning("killed %d worker actors the controller left behind: %s", len(workers), ", ".join(workers))
+    return len(workers)
