@@ -181,7 +181,12 @@ class Controller:
         failures = []
         for worker in workers:
             state = states.get(worker.name)  # absent: not synced yet (just adopted), not dead
-            reason = "the router marked it dead" if state is not None and not state[0] else self._watch(worker).check()
+            try:
+                dead_to_router = state is not None and not state[0]
+                reason = "the router marked it dead" if dead_to_router else self._watch(worker).check()
+            except Exception:  # a fault of ours, not the worker's: no restart for it, and the others still watched
+                logger.exception("reading %s's heartbeat failed", worker.name)
+                continue
             if reason is not None:
                 failures.append(WorkerFailure(worker, reason))
                 self._watches.pop(worker.name, None)

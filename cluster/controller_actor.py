@@ -49,15 +49,22 @@ class ControllerActor:
         self.started = namespace is not None and _restarted()
         if self.started:
             self._take_over(spec)
-        if serving is not None:
+        if serving is not None and (serving.alive() or self.started):
             watch_serving_process(serving, self._end_orphaned)
+        elif serving is not None:  # another pid namespace (a container, a Ray client): never end on a false alarm
+            logger.warning("the serving process (pid %d) is not visible from here: the deployment will not end "
+                           "by itself if it dies", serving.pid)  # fmt: skip
 
     def _take_over(self, spec: ClusterSpec) -> None:
         """Before any call is served (the router's sync among them): the workers the last incarnation left."""
-        from cluster.adoption import find_workers
+        from cluster.adoption import Found, find_workers
 
-        found = find_workers(spec, self.namespace, spec.health.timeout_s)
-        self.controller.resume(found.serving, found.broken, ledger.load_sizes(self.namespace))
+        try:
+            found, sizes = find_workers(spec, self.namespace, spec.health.timeout_s), ledger.load_sizes(self.namespace)
+        except Exception:  # failing here would leave the actor dead for good: start over instead
+            logger.exception("could not find the workers of the last incarnation; starting the pools anew")
+            found, sizes = Found(), None
+        self.controller.resume(found.serving, found.broken, sizes)
 
     def _end_orphaned(self) -> None:
         """The serving process is gone without stopping the deployment: stop every worker, then this actor."""

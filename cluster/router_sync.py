@@ -35,7 +35,8 @@ class RouterSync:
         views = {}
         for name, state in self.registry.workers.items():
             load = encode(state.load) if state.load is not None else None
-            views[name] = RouterView(self._incarnation.get(name, ""), state.alive, state.draining, state.in_flight, load)
+            incarnation = self._incarnation.get(name, "")
+            views[name] = RouterView(incarnation, state.alive, state.draining, state.in_flight, load)
         return views
 
     def apply(self, wanted: list[WantedWorker]) -> None:

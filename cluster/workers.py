@@ -160,11 +160,11 @@ class RayProbe:
             return None
         try:
             value = ray.get(ref)
+            return Answer(decode(value, WorkerLoad)) if self.method == "load" else Answer()
         except RayActorError as err:  # the actor is dead, unless Ray says it is only out of reach for now
             return Answer(error=_first_line(err), gone=not isinstance(err, ActorUnavailableError))
-        except Exception as err:  # load() itself raised: the worker answered, badly
+        except Exception as err:  # load() itself raised, or its answer is not a WorkerLoad: a bad answer
             return Answer(error=_first_line(err))
-        return Answer(decode(value, WorkerLoad)) if self.method == "load" else Answer()
 
 
 def _first_line(err: Exception) -> str:
@@ -238,7 +238,8 @@ def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace
     rank0_cls, follower_cls = _actor_classes(spec, role)
     key_env = {"runtime_env": worker_runtime_env(ClusterKey.parse(spec.cluster_key))} if spec.cluster_key else {}
     if pool.tensor_parallel_size == 1:
-        options = {"num_cpus": 0, **placement_options(pool), **key_env, **detached(namespace, rank0_name(name, restarts))}
+        named = detached(namespace, rank0_name(name, restarts))
+        options = {"num_cpus": 0, **placement_options(pool), **key_env, **named}
         rank0 = ray.remote(rank0_cls).options(**options).remote(args, config, pool.torch_threads)
         return PoolWorker(name, role, rank0, restarts=restarts)
     bundle = {**pool.resources, **({"GPU": pool.num_gpus} if pool.num_gpus else {})}

@@ -202,6 +202,27 @@ def test_killing_the_controller_loses_no_request_and_restarts_no_worker(cluster)
     assert _complete(cluster) == cluster.expected
 
 
+def test_a_worker_that_died_while_the_controller_was_down_is_replaced_by_the_next_controller(cluster):
+    import ray
+    from ray.exceptions import RayActorError
+
+    (prefill,) = cluster.controller.pool("prefill")
+    pid = _controller_pid(cluster.deployment)
+    os.kill(pid, signal.SIGSTOP)  # frozen: it cannot see what follows
+    try:
+        follower = prefill.tp.followers[0]
+        ray.kill(follower, no_restart=True)
+        with pytest.raises(RayActorError):
+            ray.get(follower.__ray_ready__.remote(), timeout=60)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: _restarted(cluster, "prefill-0", prefill.restarts + 1), "prefill-0 to come back", timeout_s=180)
+    events = cluster.controller.status()["events"]
+    assert any("controller restarted: adopted 1 serving workers, 1 to replace" in e for e in events), events
+    assert any("prefill-0 is dead (found broken after the controller's restart: missing" in e for e in events)
+    assert _complete(cluster) == cluster.expected
+
+
 def test_a_deployment_whose_serving_process_died_ends_itself(cluster):
     """A second controller, serving no router, watches a process the test then kills (as `tandem serve`
     killed with SIGKILL on a Ray cluster that goes on): its detached worker and itself end."""
@@ -217,9 +238,8 @@ def test_a_deployment_whose_serving_process_died_ends_itself(cluster):
     namespace = new_namespace()
     try:
         watched = ServingProcess(serving.pid, psutil.Process(serving.pid).create_time())
-        controller = ray.remote(ControllerActor).options(num_cpus=0, max_concurrency=4,
-                                                         **detached(namespace, CONTROLLER)).remote(spec, namespace,
-                                                                                                    watched)  # fmt: skip
+        actor = ray.remote(ControllerActor).options(num_cpus=0, max_concurrency=4, **detached(namespace, CONTROLLER))
+        controller = actor.remote(spec, namespace, watched)
         ray.get(controller.start.remote(), timeout=300)
         assert sorted(left_behind(namespace)) == ["controller", "decode-0@0"]
     finally:
