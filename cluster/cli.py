@@ -11,7 +11,9 @@
 
 `serve` without `--address` starts an embedded local Ray; flags override the
 spec file's fields (vLLM's names). Ctrl-C (SIGINT) or SIGTERM stops the
-workers, the router and the embedded Ray.
+workers, the router and the embedded Ray. When the cluster is gone for good
+(the Ray cluster killed, or the controller dead beyond its restarts) `serve`
+says why, stops what is left and exits with status 1 (`cluster.lifeline`).
 """
 
 from __future__ import annotations
@@ -99,11 +101,12 @@ def serve(args: argparse.Namespace) -> None:
     import ray
 
     from cluster.deployment import Deployment, connect_ray
+    from cluster.lifeline import ClusterGone, wait_while_alive
 
     _stop_on_signals()
     where = connect_ray(args.address)
     _stop_on_signals()  # again: ray.init may install its own
-    deployment = None
+    deployment, gone = None, None
     try:
         print(f"tandem: {where}; starting {spec.prefill.replicas} prefill + {spec.decode.replicas} decode workers",
               flush=True)  # fmt: skip
@@ -116,16 +119,21 @@ def serve(args: argparse.Namespace) -> None:
 
         print(render_status(deployment.controller.status()), flush=True)
         print(f"tandem: serving {deployment.config.model_name} at {deployment.url}/v1 (Ctrl-C to stop)", flush=True)
-        signal.pause()
+        wait_while_alive(deployment.controller, ray.get_runtime_context().gcs_address)
     except KeyboardInterrupt:
         print("tandem: shutting down", flush=True)
+    except ClusterGone as err:
+        gone = err
+        print(f"tandem: {err}; shutting down", flush=True)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if deployment is not None:
-            deployment.stop()
+            deployment.stop(ray_alive=gone is None or gone.ray_alive)
         ray.shutdown()
     print("tandem: stopped", flush=True)
+    if gone is not None:
+        raise gone  # main: the message, status 1
 
 
 def _stop_on_signals() -> None:

@@ -1,21 +1,29 @@
 """The controller: keeps each pool at its size, with every worker registered with the router and alive.
 
     start()          launch both pools, wait until built, register each with the router
-    watch thread     every health.interval_s: a worker is dead if the router marked it dead
-                     (a failed call, a failed load refresh) or its heartbeat failed (Ray
-                     actor death, or no answer within health.timeout_s): unregister, kill,
-                     launch again under the same name, register (after a backoff when it
-                     keeps dying soon after starting: `cluster.restart_backoff`)
-    scale(role, n)   up: launch, wait, register; down: drain the newest (router sends it
+    resume(...)      a restarted controller: adopt the workers found serving (`cluster.adoption`),
+                     replace the broken ones, bring the pools back to their recorded sizes
+    watch thread     every health.interval_s: each worker's heartbeats (`cluster.heartbeat`,
+                     judged by `kvtransfer.liveness`: several misses, not one slow answer) and
+                     the router's view of it; a dead worker is replaced on a thread of its own:
+                     unregister (the router migrates its requests), kill, wait out a backoff
+                     when it keeps dying soon after starting (`cluster.restart_backoff`),
+                     launch again under the same name, register
+    scale(sizes)     up: launch, wait, register; down: drain the newest (router sends it
                      nothing new), wait until the router holds nothing on it and it is
                      idle, unregister, stop
     shutdown()       stop watching, unregister and stop every worker
 
-Ownership: the controller owns every `PoolWorker` it launched and kills each
-one it removes or replaces. It runs in the controller actor
+Concurrency: scales run one at a time (`_scaling`); each restart runs on its own
+thread, at the same time as other restarts and as a scale. `_lock` guards only
+the dicts (`workers`, `_restarting`) and is never held while waiting on a worker
+or on the router.
+
+Ownership: the controller owns every worker it launched or adopted and kills
+each one it removes or replaces. It runs in the controller actor
 (`cluster.controller_actor`) and reaches the router's registry only through
-`cluster.membership.Membership` (register / drain / unregister / snapshot,
-each applied by the router's next sync). One lock serialises changes to the pools.
+`cluster.membership.Membership` (register / drain / unregister / adopt / snapshot,
+each applied by the router's next sync).
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ import itertools
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cluster.autoscaler import Autoscaler
+from cluster.heartbeat import WorkerWatch
 from cluster.restart_backoff import next_streak, restart_delay
 from cluster.spec import ClusterSpec, with_overrides
 from cluster.workers import PoolWorker, launch
@@ -42,51 +52,72 @@ class WorkerFailure:
 
 
 class Controller:
-    def __init__(self, spec: ClusterSpec, router):
-        """`router`: register(worker) / unregister(name) / drain(name) / snapshot(), e.g. a `Membership`."""
-        self.spec, self.router = spec, router
+    def __init__(self, spec: ClusterSpec, router, launcher=launch, remember_sizes=None, clock=time.monotonic):
+        """`router`: register(worker) / unregister(name) / drain(name) / adopt(workers) / snapshot(), e.g. a
+        `Membership`. `launcher(spec, role, name, restarts)` starts a worker (`cluster.workers.launch`);
+        `remember_sizes(sizes)` keeps each scale's pool sizes for a restarted controller (`cluster.ledger`);
+        `clock` times heartbeats (tests pass their own)."""
+        self.spec, self.router, self.launcher, self.clock = spec, router, launcher, clock
+        self.remember_sizes = remember_sizes or (lambda sizes: None)
         self.workers: dict[str, PoolWorker] = {}
         self.events: list[str] = []  # what the controller did, newest last (status shows the tail)
         self._names = {role: itertools.count() for role in ROLES}
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # the dicts only
+        self._scaling = threading.Lock()  # one scale at a time
         self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
-        self._down: dict[str, tuple[float, int]] = {}  # dead, not yet restarted: name -> (not before, quick deaths)
+        self._threads: list[threading.Thread] = []  # the watch and the autoscaler
+        self._restarting: dict[str, threading.Thread] = {}  # name -> the thread replacing it
+        self._watches: dict[str, WorkerWatch] = {}  # the watch thread's own
 
     # ---- pools -------------------------------------------------------------
     def start(self) -> None:
         """Launch both pools and register them; then watch health on a thread."""
         self.scale({role: self.spec.pool(role).replicas for role in ROLES})
-        self._watcher = threading.Thread(target=self._watch, name="tandem-controller", daemon=True)
-        self._watcher.start()
-        if self.spec.autoscale.enabled:
-            threading.Thread(target=self._autoscale, name="tandem-autoscaler", daemon=True).start()
+        self._start_threads()
+
+    def resume(self, serving: list[PoolWorker], broken: list[tuple[PoolWorker, str]], sizes: dict | None) -> None:
+        """Take over the workers a previous controller left (`cluster.adoption.Found`): the serving ones as
+        they are (the router keeps them), the broken ones replaced; then the pools back to `sizes`."""
+        with self._lock:
+            for worker in [*serving, *(w for w, _ in broken)]:
+                self.workers[worker.name] = worker
+                index = int(worker.name.rsplit("-", 1)[1])
+                self._names[worker.role] = itertools.count(max(index + 1, next(self._names[worker.role])))
+        self.router.adopt(serving)
+        self._log(f"controller restarted: adopted {len(serving)} serving workers, {len(broken)} to replace")
+        self._start_threads()
+        for worker, why in broken:
+            self.replace(WorkerFailure(worker, f"found broken after the controller's restart: {why}"))
+        wanted = sizes or {role: self.spec.pool(role).replicas for role in ROLES}
+        threading.Thread(target=self._scale_quietly, args=(wanted,), name="tandem-resume", daemon=True).start()
 
     def scale(self, sizes: dict[str, int]) -> None:
         """Bring each named pool ({"prefill": 2}) to its size; returns once new workers serve and removed ones left."""
         overrides = {f"{role}.replicas": n for role, n in sizes.items() if n is not None}
-        with self._lock:
+        with self._scaling:
             self.spec = with_overrides(self.spec, overrides)  # SpecError (a ValueError) on a bad size
+            self._remember_sizes()
             for role in ROLES:
                 self._resize(role, self.spec.pool(role).replicas)
 
     def members(self) -> tuple[ClusterSpec, list[PoolWorker]]:
-        """The spec and workers as of now, without waiting for a scale in progress (dict.copy is atomic)."""
-        return self.spec, list(self.workers.copy().values())
+        """The spec and workers as of now, without waiting for a scale in progress."""
+        with self._lock:
+            return self.spec, list(self.workers.values())
 
     def pool(self, role: str) -> list[PoolWorker]:
-        return [w for w in self.workers.values() if w.role == role]
+        return [w for w in self.members()[1] if w.role == role]
 
     def _resize(self, role: str, size: int) -> None:
         current = self.pool(role)
         if size > len(current):
             self._add([f"{role}-{next(self._names[role])}" for _ in range(size - len(current))], role)
         elif size < len(current):
-            self._remove(current[size:])  # the newest
+            self._remove([w.name for w in current[size:]])  # the newest
 
     def _add(self, names: list[str], role: str) -> None:
         # Launch all first: the actors build their engines at the same time.
-        started = [launch(self.spec, role, name) for name in names]
+        started = [self.launcher(self.spec, role, name, 0) for name in names]
         try:
             for worker in started:
                 worker.wait_ready(self.spec.health.start_timeout_s, self._stop)
@@ -96,102 +127,160 @@ class Controller:
             raise
         for worker in started:
             self.router.register(worker)
-            self.workers[worker.name] = worker
+            with self._lock:
+                self.workers[worker.name] = worker
             self._log(f"{worker.name} serving on node {worker.node_id[:12]}")
 
-    def _remove(self, workers: list[PoolWorker]) -> None:
+    def _remove(self, names: list[str]) -> None:
         """Drain all, then stop each: no request they hold is dropped."""
-        for worker in workers:
-            self.router.drain(worker.name)
+        for name in names:
+            self.router.drain(name)
         deadline = time.monotonic() + self.spec.health.drain_timeout_s
-        while not all(self._drained(w) for w in workers) and time.monotonic() < deadline:
+        while not all(self._drained(name) for name in names) and time.monotonic() < deadline:
             time.sleep(0.05)
-        for worker in workers:
-            self.router.unregister(worker.name)
-            del self.workers[worker.name]
-            self._down.pop(worker.name, None)
-            clean = worker.stop(self.spec.health.timeout_s)
-            self._log(f"{worker.name} removed ({'drained' if clean else 'stopped before its blocks were free'})")
+        for name in names:
+            with self._lock:  # by name: a restart may have replaced the worker meanwhile (it then kills its own)
+                worker = self.workers.pop(name, None)
+            self.router.unregister(name)
+            if worker is not None:
+                clean = worker.stop(self.spec.health.timeout_s)
+                self._log(f"{name} removed ({'drained' if clean else 'stopped before its blocks were free'})")
 
-    def _drained(self, worker: PoolWorker) -> bool:
-        import ray
-
-        alive, _, in_flight, _ = self.router.snapshot().get(worker.name, (False, True, 0, None))
-        if not alive:
+    def _drained(self, name: str) -> bool:
+        alive, _, in_flight, _ = self.router.snapshot().get(name, (False, True, 0, None))
+        worker = self.workers.get(name)
+        if not alive or worker is None:
             return True
         try:
-            return in_flight == 0 and ray.get(worker.rank0.is_idle.remote(), timeout=self.spec.health.timeout_s)
+            return in_flight == 0 and worker.is_idle(self.spec.health.timeout_s)
         except Exception:
             return True  # died while draining: nothing left to wait for
 
+    def _remember_sizes(self) -> None:
+        try:
+            self.remember_sizes({role: self.spec.pool(role).replicas for role in ROLES})
+        except Exception:
+            logger.exception("could not record the pool sizes (a restarted controller would use older ones)")
+
+    def _scale_quietly(self, sizes: dict[str, int]) -> None:
+        try:
+            self.scale(sizes)
+        except InterruptedError:
+            pass
+        except Exception:
+            logger.exception("bringing the pools back to %s failed", sizes)
+
     # ---- health ------------------------------------------------------------
     def check_health(self) -> list[WorkerFailure]:
-        """The workers found dead now: marked dead by the router, or a heartbeat that failed or timed out."""
-        import ray
+        """The workers found dead now (never blocks): marked dead by the router, or their heartbeats say so.
 
-        workers = list(self.workers.copy().values())  # no lock: a scale in progress must not stall the watch
+        Workers being replaced are left out; so are heartbeats still in flight (`cluster.heartbeat`)."""
+        with self._lock:
+            workers = [w for w in self.workers.values() if w.name not in self._restarting]
         states = self.router.snapshot()
-        marked_dead = [w for w in workers if not states.get(w.name, (False,))[0]]
-        failures = [WorkerFailure(w, "the router marked it dead") for w in marked_dead]
-        failed = {f.worker.name for f in failures}
-        beats = [(w, w.heartbeats()) for w in workers if w.name not in failed]
-        deadline = time.monotonic() + self.spec.health.timeout_s
-        for worker, refs in beats:
+        failures = []
+        for worker in workers:
+            state = states.get(worker.name)  # absent: not synced yet (just adopted), not dead
             try:
-                ray.get(refs, timeout=max(0.0, deadline - time.monotonic()))
-            except Exception as err:
-                failures.append(WorkerFailure(worker, f"heartbeat failed: {type(err).__name__}"))
+                dead_to_router = state is not None and not state[0]
+                reason = "the router marked it dead" if dead_to_router else self._watch(worker).check()
+            except Exception:  # a fault of ours, not the worker's: no restart for it, and the others still watched
+                logger.exception("reading %s's heartbeat failed", worker.name)
+                continue
+            if reason is not None:
+                failures.append(WorkerFailure(worker, reason))
+                self._watches.pop(worker.name, None)
+        for name in set(self._watches) - {w.name for w in workers}:
+            del self._watches[name]  # removed, or being replaced: its successor gets a new watch
         return failures
 
-    def restart(self, failure: WorkerFailure) -> None:
-        """Replace a dead worker under the same name (the router forgets the old one first).
+    def _watch(self, worker: PoolWorker) -> WorkerWatch:
+        watch = self._watches.get(worker.name)
+        if watch is None or watch.worker is not worker:
+            health = self.spec.health
+            watch = WorkerWatch(worker, worker.probes(), health.liveness(), health.timeout_s, self.clock)
+            self._watches[worker.name] = watch
+        return watch
 
-        A worker in a crash loop waits out its backoff: until then each call returns at once
-        (the watch calls again every interval while the worker is down)."""
+    def replace(self, failure: WorkerFailure) -> threading.Thread | None:
+        """Replace a dead worker under its name, on a thread of its own (returned; None when it is already
+        being replaced, or was removed or replaced meanwhile)."""
+        name = failure.worker.name
         with self._lock:
-            old = failure.worker
-            if self.workers.get(old.name) is not old:
-                return  # removed or replaced meanwhile
-            if old.name not in self._down:
-                self._take_down(old, failure.reason)
-            not_before, quick_deaths = self._down[old.name]
-            if time.monotonic() < not_before:
-                return
-            new = launch(self.spec, old.role, old.name)
-            try:
-                new.wait_ready(self.spec.health.start_timeout_s, self._stop)
-            except BaseException:
-                new.kill()
-                self._down[old.name] = (self._not_before(quick_deaths + 1), quick_deaths + 1)
-                raise
-            del self._down[old.name]
-            new.restarts, new.quick_deaths = old.restarts + 1, quick_deaths
-            self.workers[new.name] = new
-            self.router.register(new)
-            self._log(f"{new.name} restarted on node {new.node_id[:12]}")
+            if self._stop.is_set() or name in self._restarting or self.workers.get(name) is not failure.worker:
+                return None
+            thread = threading.Thread(target=self._replace, args=(failure,), name=f"tandem-restart-{name}", daemon=True)
+            self._restarting[name] = thread
+        thread.start()
+        return thread
 
-    def _take_down(self, old: PoolWorker, reason: str) -> None:
-        """First sight of a death: out of the router, killed, and when it may come back."""
+    def _replace(self, failure: WorkerFailure) -> None:
+        old = failure.worker
+        try:
+            quick_deaths = self._take_down(old, failure.reason)
+            restarts, delay = old.restarts + 1, restart_delay(quick_deaths, self.spec.health)
+            while not self._stop.wait(delay) and self._wanted(old):
+                try:
+                    new = self._relaunch(old, restarts, quick_deaths)
+                except InterruptedError:
+                    return  # shutting down
+                except Exception as err:
+                    quick_deaths, restarts = quick_deaths + 1, restarts + 1  # a launch may leave its name taken
+                    # At least a watch interval between failed launches, even with no backoff configured.
+                    delay = max(restart_delay(quick_deaths, self.spec.health), self.spec.health.interval_s)
+                    self._log(f"{old.name} did not start again ({type(err).__name__}: {err}); "
+                              f"retrying in {delay:.1f} s")  # fmt: skip
+                    continue
+                self._install(old, new)
+                return
+        except Exception:
+            logger.exception("replacing %s failed; the watch will try again", old.name)
+        finally:
+            with self._lock:
+                self._restarting.pop(old.name, None)
+
+    def _take_down(self, old: PoolWorker, reason: str) -> int:
+        """Out of the router (its requests migrate), killed; returns its streak of quick deaths."""
         self.router.unregister(old.name)
         old.kill()
         quick_deaths = next_streak(old.quick_deaths, time.monotonic() - old.started_at, self.spec.health)
-        self._down[old.name] = (self._not_before(quick_deaths), quick_deaths)
         delay = restart_delay(quick_deaths, self.spec.health)
         wait = f"restarting in {delay:.1f} s ({quick_deaths} quick deaths in a row)" if delay else "restarting"
         self._log(f"{old.name} is dead ({reason}): {wait}")
+        return quick_deaths
 
-    def _not_before(self, quick_deaths: int) -> float:
-        return time.monotonic() + restart_delay(quick_deaths, self.spec.health)
+    def _relaunch(self, old: PoolWorker, restarts: int, quick_deaths: int) -> PoolWorker:
+        new = self.launcher(self.spec, old.role, old.name, restarts)
+        try:
+            new.wait_ready(self.spec.health.start_timeout_s, self._stop)
+        except BaseException:
+            new.kill()
+            raise
+        new.quick_deaths = quick_deaths
+        return new
 
-    def _watch(self) -> None:
+    def _install(self, old: PoolWorker, new: PoolWorker) -> None:
+        """The router first (it may send to `new` once it is in `workers`), then the pool, unless the
+        name was removed (scaled down) or the controller stops meanwhile: then `new` goes again."""
+        self.router.register(new)
+        with self._lock:
+            wanted = self._wanted(old) and not self._stop.is_set()
+            if wanted:
+                self.workers[old.name] = new
+        if not wanted:
+            self.router.unregister(new.name)
+            new.kill()
+            return
+        self._log(f"{new.name} restarted on node {new.node_id[:12]}")
+
+    def _wanted(self, old: PoolWorker) -> bool:
+        return self.workers.get(old.name) is old
+
+    def _watch_loop(self) -> None:
         while not self._stop.wait(self.spec.health.interval_s):
             try:
                 for failure in self.check_health():
-                    if self._stop.is_set():
-                        return
-                    self.restart(failure)
-            except InterruptedError:
-                return  # shutting down in the middle of a restart
+                    self.replace(failure)
             except Exception:
                 logger.exception("health check failed; trying again")
 
@@ -215,20 +304,38 @@ class Controller:
                 logger.exception("autoscaling step failed; trying again")
 
     # ---- lifetime ----------------------------------------------------------
+    def _start_threads(self) -> None:
+        loops = [(self._watch_loop, "tandem-controller")]
+        if self.spec.autoscale.enabled:
+            loops.append((self._autoscale, "tandem-autoscaler"))
+        for target, name in loops:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
     def shutdown(self) -> None:
-        """Stop watching, then unregister and stop every worker (each is killed even if it hangs)."""
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(self.spec.health.start_timeout_s)
+        """Stop watching and restarting, then unregister and stop every worker (each is killed even if it hangs)."""
+        self._stop.set()  # a launch waiting for its worker gives up (InterruptedError) and kills it
+        timeout = self.spec.health.timeout_s
         with self._lock:
-            for worker in list(self.workers.values()):
-                try:
-                    self.router.unregister(worker.name)
-                except Exception:
-                    pass  # the router may be gone already
-                worker.stop(self.spec.health.timeout_s)
-                del self.workers[worker.name]
+            threads = [*self._threads, *self._restarting.values()]
+        for thread in threads:
+            thread.join(timeout)
+        with self._scaling:
+            with self._lock:
+                workers, self.workers = list(self.workers.values()), {}
+            if workers:
+                with ThreadPoolExecutor(len(workers)) as pool:
+                    list(pool.map(lambda w: self._stop_worker(w, timeout), workers))
+
+    def _stop_worker(self, worker: PoolWorker, timeout_s: float) -> None:
+        try:
+            self.router.unregister(worker.name)
+        except Exception:
+            pass  # the router may be gone already
+        worker.stop(timeout_s)
 
     def _log(self, event: str) -> None:
         logger.info(event)
-        self.events = [*self.events[-49:], f"{time.strftime('%H:%M:%S')} {event}"]
+        with self._lock:
+            self.events = [*self.events[-49:], f"{time.strftime('%H:%M:%S')} {event}"]

@@ -7,29 +7,89 @@
 The actor sits on the serving process's node (the router's, usually the head), so
 a scale or a restart never waits on another machine to reach the router. It is
 threaded (`max_concurrency`): the router's long-poll `sync`, a scale in progress,
-status calls and the health watch run at the same time; the controller's lock
-serialises changes to the pools. Ownership: the actor owns every worker it
-launched; killing the actor without `shutdown` leaves them to Ray (they die with
-the job that started them).
+status calls, the health watch and restarts run at the same time.
+
+Every part can die and the rest goes on: the workers are detached actors named
+in the deployment's namespace (`cluster.actor_names`), so they outlive this
+actor; Ray restarts this actor (`health.controller_max_restarts`) and retries
+the calls it was running, and the restarted actor takes the workers over
+(`cluster.adoption`: none restarted, the router's registry unchanged) with the
+pool sizes of its last scale (`cluster.ledger`). The actor is detached and named
+in that namespace too, so that it outlives the serving process's Ray job; it
+watches that process and ends the deployment once it is gone (`cluster.orphans`).
+Ownership: the actor owns every worker it launched or adopted; `shutdown` stops
+them all, and `cluster.reaper` sweeps up after an actor that could not.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
+from cluster import ledger
+from cluster.actor_names import CONTROLLER, detached
 from cluster.controller import Controller
 from cluster.membership import Membership
+from cluster.orphans import ServingProcess, watch_serving_process
 from cluster.spec import ClusterSpec, SpecError
+from cluster.workers import launch
+
+logger = logging.getLogger("tandem.cluster")
 
 
 class ControllerActor:
-    def __init__(self, spec: ClusterSpec):
-        import logging
-
+    def __init__(self, spec: ClusterSpec, namespace: str | None = None, serving: ServingProcess | None = None):
+        """`namespace`: the deployment's (workers named and detached there); None: workers die with this actor.
+        `serving`: the process the router runs in; once it is gone, the deployment ends (`cluster.orphans`)."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        self.namespace = namespace
         self.membership = Membership(ack_timeout_s=spec.health.timeout_s * 3)
-        self.controller = Controller(spec, self.membership)
+        remember = functools.partial(ledger.save_sizes, namespace) if namespace else None
+        self.controller = Controller(spec, self.membership, functools.partial(launch, namespace=namespace), remember)
+        self.started = namespace is not None and _restarted()
+        if self.started:
+            self._take_over(spec)
+        if serving is not None and (serving.alive() or self.started):
+            watch_serving_process(serving, self._end_orphaned)
+        elif serving is not None:  # another pid namespace (a container, a Ray client): never end on a false alarm
+            logger.warning("the serving process (pid %d) is not visible from here: the deployment will not end "
+                           "by itself if it dies", serving.pid)  # fmt: skip
+
+    def _take_over(self, spec: ClusterSpec) -> None:
+        """Before any call is served (the router's sync among them): the workers the last incarnation left."""
+        from cluster.adoption import Found, find_workers
+
+        try:
+            found, sizes = find_workers(spec, self.namespace, spec.health.timeout_s), ledger.load_sizes(self.namespace)
+        except Exception:  # failing here would leave the actor dead for good: start over instead
+            logger.exception("could not find the workers of the last incarnation; starting the pools anew")
+            found, sizes = Found(), None
+        self.controller.resume(found.serving, found.broken, sizes)
+
+    def _end_orphaned(self) -> None:
+        """The serving process is gone without stopping the deployment: stop every worker, then this actor."""
+        import ray
+
+        from cluster.reaper import reap
+
+        logger.warning("the serving process is gone: stopping every worker and the controller")
+        try:
+            self.controller.shutdown()
+            if self.namespace is not None:
+                reap(self.namespace, keep=CONTROLLER)
+        finally:
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     def start(self) -> None:
+        """Launch the pools and watch them (once: on a restarted actor, where Ray retries this call,
+        `resume` already brings the pools to size)."""
+        if self.started:
+            return
+        self.started = True
         self.controller.start()
+
+    def ping(self) -> bool:
+        return True
 
     def scale(self, sizes: dict[str, int | None]) -> str | None:
         """None when done; the `SpecError` message when the sizes are invalid (nothing changed)."""
@@ -55,14 +115,32 @@ class ControllerActor:
         self.controller.shutdown()
 
 
-def start_controller(spec: ClusterSpec):
-    """The actor, pinned to this process's node; returns its handle (the engines start with `start`)."""
+def _restarted() -> bool:
+    """Whether Ray restarted this actor (its state is gone; its workers are not)."""
+    import warnings
+
+    import ray
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Ray's property warns about an API it uses inside
+        return ray.get_runtime_context().was_current_actor_reconstructed
+
+
+def start_controller(spec: ClusterSpec, namespace: str | None = None):
+    """The actor, pinned to this process's node; returns its handle (the engines start with `start`).
+
+    Ray restarts it when it dies and retries the calls it was running (`max_task_retries`): every method is
+    safe to run again (scale takes absolute sizes, sync and status only read). With a namespace it is
+    detached and named there like the workers: it outlives this process's Ray job (a `tandem serve` killed
+    on a cluster that goes on), watches this process and ends the deployment once it is gone."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = ray.remote(ControllerActor).options(num_cpus=0, max_concurrency=16, scheduling_strategy=here)
-    return actor.remote(spec)
+    actor = ray.remote(ControllerActor).options(num_cpus=0, max_concurrency=16, scheduling_strategy=here,
+                                                max_restarts=spec.health.controller_max_restarts,
+                                                max_task_retries=-1, **detached(namespace, CONTROLLER))  # fmt: skip
+    return actor.remote(spec, namespace, ServingProcess.this() if namespace else None)
 
 
 class ControllerClient:
@@ -91,6 +169,13 @@ class ControllerClient:
     def members(self) -> tuple:
         return self._get(self.handle.members.remote())
 
+    def ping(self, timeout_s: float) -> None:
+        """Returns once the actor answers (a restarting one answers when it is back); raises
+        `ray.exceptions.ActorDiedError` when it is dead for good, GetTimeoutError after `timeout_s`."""
+        import ray
+
+        ray.get(self.handle.ping.remote(), timeout=timeout_s)
+
     @property
     def spec(self) -> ClusterSpec:
         return self.members()[0]
@@ -103,7 +188,7 @@ class ControllerClient:
         return [w for w in self.members()[1] if w.role == role]
 
     def shutdown(self) -> None:
-        """Every worker drained of nothing and stopped, then the actor itself."""
+        """Every worker it knows stopped, then the actor itself (raises if the actor is dead for good)."""
         import ray
 
         try:

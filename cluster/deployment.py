@@ -7,22 +7,30 @@
 
 The router (and the admin endpoints) run on a thread of this process and keep
 their registry in step with the controller actor (`cluster.router_sync`); the
-controller places the workers as Ray actors. Ownership: the deployment owns the
-router server and the controller actor; Ray itself belongs to the caller
-(`connect_ray` / `ray.shutdown`).
+controller places the workers as Ray actors, detached and named in the
+deployment's own namespace so that they outlive a controller that dies (Ray
+restarts it and it takes them over). Ownership: the deployment owns the router
+server, the controller actor and, through it, every worker: `stop` kills them
+all, by name when the controller cannot (`cluster.reaper`). Ray itself belongs
+to the caller (`connect_ray` / `ray.shutdown`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import urllib.request
 
+from cluster.actor_names import new_namespace
 from cluster.admin import install_admin_routes
 from cluster.controller_actor import ControllerClient, start_controller
+from cluster.reaper import reap
 from cluster.router_sync import RouterSync
 from cluster.spec import ClusterSpec, with_overrides
 from kvtransfer.socket_security import ClusterKey
+
+logger = logging.getLogger("tandem.cluster")
 
 
 def connect_ray(address: str | None) -> str:
@@ -56,7 +64,10 @@ def router_config(spec: ClusterSpec):
         max_in_flight=r.max_in_flight,
         api_key=r.api_key or None,
         max_request_body_bytes=r.max_request_body_bytes,
-        worker_call_timeout_s=spec.health.timeout_s,  # the router's load() polls are heartbeats too
+        # The router's load() polls are heartbeats too, judged by the controller's rules: one poll
+        # unanswered for timeout_s is one miss, and the liveness policy says when misses mean dead.
+        worker_call_timeout_s=spec.health.timeout_s,
+        liveness=spec.health.liveness(),
         stream_address=f"tcp://{_data_host(spec)}:0",
         cluster_key=ClusterKey.parse(spec.cluster_key) if spec.cluster_key else None,
     )
@@ -87,10 +98,12 @@ class Deployment:
         self.app = create_app(self.config, registry)
         install_admin_routes(self.app)
         self.server = RouterServer(self.app, spec.router.host, spec.router.port)
-        self.controller = self.app.state.controller = ControllerClient(start_controller(spec))
+        self.namespace = new_namespace()  # where its workers are named (cluster.actor_names)
+        self.controller = self.app.state.controller = ControllerClient(start_controller(spec, self.namespace))
         sync = RouterSync(registry, self.controller.handle, self.app.state.router.metrics.latency_totals,
                           self.config.cluster_key)  # fmt: skip
         self._sync_task = self.server.call(lambda: asyncio.get_running_loop().create_task(sync.run()))
+        self._stopped = False
 
     @property
     def url(self) -> str:
@@ -105,12 +118,26 @@ class Deployment:
                 raise TimeoutError(f"{self.url}/health did not become ready")
             time.sleep(0.1)
 
-    def stop(self) -> None:
+    def stop(self, ray_alive: bool = True) -> None:
+        """Every worker and the controller stopped, then the router. `ray_alive=False`: the Ray cluster is
+        gone (and every worker with it), only the router is left to stop. Once: later calls do nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         try:
-            self.controller.shutdown()  # the router keeps syncing meanwhile: it sees each worker leave
+            if ray_alive:
+                self._stop_workers()  # the router keeps syncing meanwhile: it sees each worker leave
         finally:
             self.server.call(self._sync_task.cancel)
             self.server.stop()
+
+    def _stop_workers(self) -> None:
+        try:
+            self.controller.shutdown()
+        except Exception as err:  # dead for good: its workers are detached, nobody else would stop them
+            logger.warning("the controller could not stop the workers (%s: %s)", type(err).__name__, err)
+        finally:
+            reap(self.namespace)
 
 
 def _healthy(url: str) -> bool:

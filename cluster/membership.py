@@ -12,6 +12,10 @@ router stays the sole owner of its registry; the controller owns the wanted
 membership. `register`/`drain`/`unregister` return once the router applied the
 change (or after `ack_timeout_s` if the router stops syncing: a router that is
 gone cannot send anything anywhere), so "scaled" means "the router sees it".
+
+A worker's incarnation is its rank 0's Ray actor id: the same to every
+controller, so a restarted controller that adopts the workers (`adopt`) wants
+exactly what the router holds, and the router changes nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class WantedWorker:
 
     name: str
     role: str
-    incarnation: int  # a restarted worker keeps its name and gets a new incarnation
+    incarnation: str  # rank 0's Ray actor id: a restarted worker keeps its name and gets a new incarnation
     worker: object
     draining: bool = False
 
@@ -39,7 +43,7 @@ class WantedWorker:
 class RouterView:
     """One worker as the router's registry holds it (a report entry)."""
 
-    incarnation: int
+    incarnation: str
     alive: bool
     draining: bool
     in_flight: int
@@ -58,17 +62,22 @@ class Membership:
         self.ack_timeout_s, self.poll_s = ack_timeout_s, poll_s
         self._wanted: dict[str, WantedWorker] = {}
         self._report: dict[str, RouterView] = {}
-        self._incarnations = 0
         self._version = 0  # bumped on every change to `_wanted`
         self._changed = threading.Condition()
         self.latency_totals: dict[str, tuple[float, float]] = {}  # the router's cumulative TTFT / TPOT (sum, count)
 
     # ---- the controller's side ------------------------------------------------
     def register(self, worker) -> None:
-        self._incarnations += 1
-        entry = WantedWorker(worker.name, worker.role, self._incarnations, replace(worker, tp=None))
+        entry = _entry(worker)
         self._change(lambda wanted: wanted.__setitem__(worker.name, entry))
         self._wait_for(lambda report: _holds(report, entry, draining=False), f"{worker.name} registered")
+
+    def adopt(self, workers: list) -> None:
+        """A restarted controller's first membership: the workers it found serving, as the router holds them.
+
+        Does not wait for the router (it syncs only once the controller actor is up)."""
+        entries = {worker.name: _entry(worker) for worker in workers}
+        self._change(lambda wanted: wanted.update(entries))
 
     def drain(self, name: str) -> None:
         entry = self._wanted.get(name)
@@ -116,6 +125,10 @@ class Membership:
                     return False  # the router stopped syncing (shutting down): nothing more to wait for
                 self._changed.wait(left)
         return True
+
+
+def _entry(worker) -> WantedWorker:
+    return WantedWorker(worker.name, worker.role, worker.actor_id, replace(worker, tp=None))
 
 
 def _holds(report: dict[str, RouterView], entry: WantedWorker, draining: bool) -> bool:

@@ -22,4 +22,5 @@ def restart_delay(streak: int, health: HealthSpec) -> float:
     """Seconds to wait before restarting a worker with this streak of quick deaths."""
     if streak <= 0:
         return 0.0
-    return min(health.restart_backoff_s * 2 ** (streak - 1), health.restart_backoff_max_s)
+    doublings = min(streak - 1, 64)  # a long crash loop must not overflow the float
+    return min(health.restart_backoff_s * 2.0**doublings, health.restart_backoff_max_s)

@@ -4,7 +4,10 @@ Runs as a task on the router's event loop (the registry's owner): report what
 the registry holds, await the controller's wanted membership (a Ray call,
 awaited without blocking the loop), then register / drain / unregister to
 match. A restarted worker comes back under its name with a new incarnation:
-the old one is unregistered first (the dispatcher fails what it held).
+the old one is unregistered first (the dispatcher fails what it held). A
+restarted controller wants the same workers under the same incarnations (their
+actor ids), so the registry keeps them as they are; a sync that fails while the
+controller restarts is retried.
 """
 
 from __future__ import annotations
@@ -25,14 +28,15 @@ class RouterSync:
         self.controller = controller  # the ControllerActor handle
         self.latency_totals = latency_totals  # () -> the router's cumulative TTFT / TPOT (for the autoscaler)
         self.retry_s = retry_s
-        self._incarnation: dict[str, int] = {}  # name -> incarnation the registry holds
+        self._incarnation: dict[str, str] = {}  # name -> incarnation the registry holds
         self._version = -1
 
     def report(self) -> dict[str, RouterView]:
         views = {}
         for name, state in self.registry.workers.items():
             load = encode(state.load) if state.load is not None else None
-            views[name] = RouterView(self._incarnation.get(name, 0), state.alive, state.draining, state.in_flight, load)
+            incarnation = self._incarnation.get(name, "")
+            views[name] = RouterView(incarnation, state.alive, state.draining, state.in_flight, load)
         return views
 
     def apply(self, wanted: list[WantedWorker]) -> None:

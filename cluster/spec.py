@@ -20,9 +20,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvtransfer.liveness import LivenessPolicy
 from router.policy import POLICIES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+_LIVENESS = LivenessPolicy()  # the defaults the router and the controller share
 
 
 class SpecError(ValueError):
@@ -91,10 +93,25 @@ class RouterSpec(_Strict):
 
 
 class HealthSpec(_Strict):
-    """How the controller watches workers (a heartbeat: each worker's `load()`)."""
+    """How the controller watches workers, and the liveness rules it and the router judge them by.
+
+    Every `interval_s` the controller reads each rank's heartbeat (rank 0's `load()`, a
+    tensor-parallel follower's Ray readiness), one call in flight per rank; a call unanswered
+    for `timeout_s` is one miss (so is one router load poll, `RouterConfig.worker_call_timeout_s`).
+    `kvtransfer.liveness` decides death from misses and from what the answers say: busy is not dead.
+    """
 
     interval_s: float = Field(1.0, gt=0)
     timeout_s: float = Field(10.0, gt=0)
+    # Dead only after `misses_before_dead` misses in a row and no answer for `silent_after_s`
+    # (Ray reporting an actor dead counts at once); an answering worker is dead when its step has
+    # run `stuck_factor` times its longest (and at least `stuck_floor_s`: a long prefill on a
+    # CPU takes minutes), or `max_failed_steps` steps failed in a row (a sticky device error).
+    misses_before_dead: int = Field(_LIVENESS.misses_before_dead, ge=1)
+    silent_after_s: float = Field(_LIVENESS.silent_after_s, gt=0)
+    stuck_factor: float = Field(_LIVENESS.stuck_factor, gt=0)
+    stuck_floor_s: float = Field(_LIVENESS.stuck_floor_s, gt=0)
+    max_failed_steps: int = Field(_LIVENESS.max_failed_steps, ge=1)
     start_timeout_s: float = Field(600.0, gt=0)  # building a worker (model load, kernels) may take minutes
     drain_timeout_s: float = Field(120.0, gt=0)
     # A worker that dies again within `stable_after_s` of its start waits before the next
@@ -102,6 +119,13 @@ class HealthSpec(_Strict):
     restart_backoff_s: float = Field(1.0, ge=0)
     restart_backoff_max_s: float = Field(60.0, ge=0)
     stable_after_s: float = Field(60.0, ge=0)
+    # Ray restarts a controller actor that died this many times (-1: always); the workers outlive it.
+    controller_max_restarts: int = Field(10, ge=-1)
+
+    def liveness(self) -> LivenessPolicy:
+        """The policy both the controller's heartbeats and the router's load polls are judged by."""
+        return LivenessPolicy(self.misses_before_dead, self.silent_after_s, self.stuck_factor, self.stuck_floor_s,
+                              self.max_failed_steps)  # fmt: skip
 
 
 class PoolAutoscale(_Strict):

@@ -13,8 +13,14 @@ stays for the lifecycle (start, health, stop).
 Each worker process gets the cluster's key (spec.cluster_key) in its environment,
 through Ray's runtime_env, for its internal sockets (kvtransfer.socket_security).
 
+Launched with a namespace (the deployment's), every rank and the placement
+group are named and detached (`cluster.actor_names`): they outlive the
+controller actor, which finds them again after its restart (`cluster.adoption`).
+
 Ownership: whoever launched a `PoolWorker` kills it (`stop` or `kill`); the
-controller does, for every worker it started.
+controller does, for every worker it started or adopted (a detached actor is
+never killed by Ray on anyone's behalf: `cluster.reaper` sweeps up after a
+deployment whose controller could not).
 """
 
 from __future__ import annotations
@@ -23,13 +29,17 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from cluster.actor_names import detached, rank0_name
+from cluster.heartbeat import Answer
 from cluster.spec import ClusterSpec, PoolSpec
+from cluster.tp_launch import start_named_tp
 from decode_worker.actor import DecodeActor, DecodeFollowerActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine.llm_engine import EngineArgs
-from engine.parallel.ray_group import start_tp_actors
+from kvtransfer.codec import decode
 from kvtransfer.control_client import control_endpoint
 from kvtransfer.handoff import AsyncEncodedCalls
+from kvtransfer.protocol import WorkerLoad
 from kvtransfer.socket_security import ClusterKey, worker_runtime_env
 from prefill_worker.actor import PrefillActor, PrefillFollowerActor
 from prefill_worker.worker import PrefillWorkerConfig
@@ -65,6 +75,7 @@ class PoolWorker:
     quick_deaths: int = 0  # deaths in a row soon after starting (`cluster.restart_backoff`)
     started_at: float = dataclasses.field(default_factory=time.monotonic)
     control_address: str = ""  # rank 0's control socket, learnt by `wait_ready`
+    actor_id: str = ""  # rank 0's Ray actor id, learnt by `wait_ready`: its incarnation, the same to every controller
 
     def endpoint(self, key=None) -> AsyncEncodedCalls:
         """How the router calls this worker: over rank 0's control socket (call after `wait_ready`),
@@ -74,7 +85,7 @@ class PoolWorker:
         return control_endpoint(self.control_address, key=key)
 
     def wait_ready(self, timeout_s: float, stop=None) -> None:
-        """Block until the engine is built (raises what building it raised); learn which node it is on.
+        """Block until the engine is built (raises what building it raised); learn where it is.
 
         `stop` (a threading.Event) set meanwhile ends the wait early with InterruptedError."""
         import ray
@@ -86,13 +97,25 @@ class PoolWorker:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} was not built within {timeout_s:.0f} s (no node with room for it?)")
         ray.get(ready)
-        self.node_id = ray.get(self.rank0.__ray_call__.remote(_node_id), timeout=timeout_s)
+        self.learn_whereabouts(timeout_s)
+
+    def learn_whereabouts(self, timeout_s: float) -> None:
+        """Its node, rank 0's actor id and control address (rank 0 must be serving)."""
+        import ray
+
+        self.node_id, self.actor_id = ray.get(self.rank0.__ray_call__.remote(_whereabouts), timeout=timeout_s)
         self.control_address = ray.get(self.rank0.control_address.remote(), timeout=timeout_s)
 
-    def heartbeats(self) -> list:
-        """One ObjectRef per actor: rank 0's `load()` (its step loop answers) and each follower's liveness."""
+    def probes(self) -> list[RayProbe]:
+        """A heartbeat per rank (`cluster.heartbeat`): rank 0's `load()`, each follower's readiness."""
         followers = self.tp.followers if self.tp is not None else []
-        return [self.rank0.load.remote(None), *(f.__ray_ready__.remote() for f in followers)]
+        return [RayProbe(0, self.rank0, "load"), *(RayProbe(r, f, "__ray_ready__") for r, f in enumerate(followers, 1))]
+
+    def is_idle(self, timeout_s: float) -> bool:
+        """Nothing queued or running on it; raises if it does not answer within `timeout_s`."""
+        import ray
+
+        return ray.get(self.rank0.is_idle.remote(), timeout=timeout_s)
 
     def stop(self, timeout_s: float = 60.0) -> bool:
         """Shut down cleanly (True if its block pool was all free), then kill; a dead worker is just killed."""
@@ -120,10 +143,41 @@ class PoolWorker:
             pass  # already gone
 
 
-def _node_id(_actor) -> str:
+class RayProbe:
+    """One rank's heartbeat over Ray (`cluster.heartbeat.Probe`): rank 0's `load()` decoded, or a readiness."""
+
+    def __init__(self, rank: int, actor, method: str):
+        self.rank, self.actor, self.method = rank, actor, method
+
+    def send(self):
+        method = getattr(self.actor, self.method)
+        return method.remote(None) if self.method == "load" else method.remote()
+
+    def poll(self, ref) -> Answer | None:
+        import ray
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        if not ray.wait([ref], timeout=0)[0]:
+            return None
+        try:
+            value = ray.get(ref)
+            return Answer(decode(value, WorkerLoad)) if self.method == "load" else Answer()
+        except RayActorError as err:  # the actor is dead, unless Ray says it is only out of reach for now
+            return Answer(error=_first_line(err), gone=not isinstance(err, ActorUnavailableError))
+        except Exception as err:  # load() itself raised, or its answer is not a WorkerLoad: a bad answer
+            return Answer(error=_first_line(err))
+
+
+def _first_line(err: Exception) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def _whereabouts(_actor) -> tuple[str, str]:
     import ray
 
-    return ray.get_runtime_context().get_node_id()
+    context = ray.get_runtime_context()
+    return context.get_node_id(), context.get_actor_id()
 
 
 def _on_this_node(config):
@@ -174,8 +228,10 @@ def decode_config(spec: ClusterSpec, name: str) -> DecodeWorkerConfig:
                               kv_transfer_failure=spec.kv_transfer_failure)  # fmt: skip
 
 
-def launch(spec: ClusterSpec, role: str, name: str) -> PoolWorker:
-    """Start one worker of `role`'s pool named `name`, placed as its pool says (TP=1: returns at once)."""
+def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace: str | None = None) -> PoolWorker:
+    """Start one worker of `role`'s pool named `name`, placed as its pool says (TP=1: returns at once).
+
+    With `namespace`, its actors (and placement group) are named there and detached (`cluster.actor_names`)."""
     import ray
 
     pool, args = spec.pool(role), engine_args_for(spec, role)
@@ -183,10 +239,12 @@ def launch(spec: ClusterSpec, role: str, name: str) -> PoolWorker:
     rank0_cls, follower_cls = _actor_classes(spec, role)
     key_env = {"runtime_env": worker_runtime_env(ClusterKey.parse(spec.cluster_key))} if spec.cluster_key else {}
     if pool.tensor_parallel_size == 1:
-        options = {"num_cpus": 0, **ACTOR_OPTIONS, **placement_options(pool), **key_env}
-        return PoolWorker(name, role, ray.remote(rank0_cls).options(**options).remote(args, config, pool.torch_threads))
+        named = detached(namespace, rank0_name(name, restarts))
+        options = {"num_cpus": 0, **ACTOR_OPTIONS, **placement_options(pool), **key_env, **named}
+        rank0 = ray.remote(rank0_cls).options(**options).remote(args, config, pool.torch_threads)
+        return PoolWorker(name, role, rank0, restarts=restarts)
     bundle = {**pool.resources, **({"GPU": pool.num_gpus} if pool.num_gpus else {})}
-    tp = start_tp_actors(rank0_cls, follower_cls, args, config, pool.torch_threads, spec.health.start_timeout_s,
-                         bundle=bundle, label_selector=dict(pool.node_labels) or None, **ACTOR_OPTIONS,
-                         **key_env)  # fmt: skip
-    return PoolWorker(name, role, tp.rank0, tp)
+    tp = start_named_tp(rank0_cls, follower_cls, args, config, pool.torch_threads, spec.health.start_timeout_s,
+                        namespace, name, restarts, bundle=bundle, label_selector=dict(pool.node_labels) or None,
+                        **ACTOR_OPTIONS, **key_env)  # fmt: skip
+    return PoolWorker(name, role, tp.rank0, tp, restarts=restarts)

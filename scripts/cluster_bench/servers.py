@@ -18,8 +18,6 @@ from pathlib import Path
 
 from .sweeps import Config
 
-HEARTBEAT_TIMEOUT_S = 120.0
-
 
 @contextlib.contextmanager
 def tandem_server(config: Config, model: str | None, engine: dict, served_model_name: str):
@@ -34,9 +32,6 @@ def tandem_server(config: Config, model: str | None, engine: dict, served_model_
         "model": model, "engine": engine,
         "router": {"port": 0, "routing_policy": config.routing_policy, "served_model_name": served_model_name},
         "prefill": {"replicas": config.num_prefill, **pool}, "decode": {"replicas": config.num_decode, **pool},
-        # A worker answers heartbeats between engine steps: a whole 2048-token prefill step on one shared
-        # core can outlast the default 10 s, and a restart mid-run would be measured as failures.
-        "health": {"timeout_s": HEARTBEAT_TIMEOUT_S},
     })  # fmt: skip
     deployment = Deployment(spec)
     try:

@@ -16,6 +16,7 @@ import pytest
 from cluster.deployment import Deployment
 from cluster.spec import parse_spec
 from tests.e2e.harness import wait_for
+from tests.e2e.leftovers import left_behind
 
 PROMPT = [5, 17, 42, 99, 7, 64, 3, 250, 11]
 
@@ -38,6 +39,7 @@ def deployment(ray_session, tiny_model_dirs):
         yield deployment
     finally:
         deployment.stop()
+    assert left_behind(deployment.namespace) == []  # its workers are detached: stop kills them all the same
 
 
 def test_pools_grow_and_shrink_on_the_routers_numbers_while_serving(deployment):

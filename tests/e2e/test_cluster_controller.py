@@ -8,17 +8,24 @@ Workers land where their pool says (a tensor-parallel worker's placement group
 keeps both its ranks there) and serve transformers' greedy text; a killed
 worker is restarted by the controller and serves again, and one that dies
 again soon after starting waits out a backoff first; scaling both pools up and
-back down under a stream of requests drops none of them.
+back down under a stream of requests drops none of them. The controller actor
+killed with SIGKILL under a stream of requests costs none of them: the workers
+outlive it, Ray restarts it, and it takes them over without restarting any.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import types
 
 import httpx
 import openai
+import psutil
 import pytest
 from transformers import AutoTokenizer
 
@@ -27,6 +34,7 @@ from cluster.deployment import Deployment
 from cluster.spec import parse_spec
 from tests.conftest import hf_greedy
 from tests.e2e.harness import wait_for
+from tests.e2e.leftovers import left_behind
 
 # Ray rewrites 127.0.0.1 into the host's outward address; 127.0.0.2 is loopback that it leaves alone.
 HOST = "127.0.0.2"
@@ -153,6 +161,109 @@ def test_scaling_up_and_down_under_a_stream_of_requests_drops_none(cluster, caps
     pools = json.loads(capsys.readouterr().out)["pools"]
     assert [len(pools[role]["workers"]) for role in ("prefill", "decode")] == [1, 1]
     assert all(w["alive"] and not w["draining"] for pool in pools.values() for w in pool["workers"])
+
+
+def test_killing_the_controller_loses_no_request_and_restarts_no_worker(cluster):
+    deployment, registry = cluster.deployment, cluster.deployment.app.state.router.registry
+    before = {w.name: (w.actor_id, w.restarts) for w in cluster.controller.members()[1]}
+    held = dict(registry.workers)  # the router's entries: the same objects after, or a worker was re-registered
+    results, stop = [], threading.Event()
+
+    def client_loop():
+        while not stop.is_set():
+            try:
+                chunks = cluster.client.completions.create(model="tiny", prompt=PROMPT, stream=True, **GREEDY)
+                results.append("".join(chunk.choices[0].text for chunk in chunks))
+            except Exception as err:  # every failure is counted, none hidden
+                results.append(err)
+
+    clients = [threading.Thread(target=client_loop) for _ in range(3)]
+    for thread in clients:
+        thread.start()
+    try:
+        wait_for(lambda: len(results) >= 3, "the streams to start")
+        os.kill(_controller_pid(deployment), signal.SIGKILL)
+        seen = len(results)
+        wait_for(lambda: len(results) >= seen + 6, "streams while the controller is down and back", timeout_s=120)
+        events = cluster.controller.status()["events"]  # answers once Ray restarted it
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(120)
+    assert [r for r in results if r != cluster.expected] == []
+    assert events[-1].endswith("controller restarted: adopted 2 serving workers, 0 to replace"), events
+    assert {w.name: (w.actor_id, w.restarts) for w in cluster.controller.members()[1]} == before
+    wait_for(lambda: deployment.app.state.router.ready(), "the router to sync with the new controller")
+    assert all(registry.workers.get(name) is state and state.alive for name, state in held.items())
+    cluster.controller.scale({"decode": 2})  # the restarted controller scales, from the sizes it kept
+    assert sorted(_nodes(cluster, "decode")) == [cluster.node_b] * 2
+    cluster.controller.scale({"decode": 1})
+    assert [len(cluster.controller.pool(role)) for role in ("prefill", "decode")] == [1, 1]
+    assert _complete(cluster) == cluster.expected
+
+
+def test_a_worker_that_died_while_the_controller_was_down_is_replaced_by_the_next_controller(cluster):
+    import ray
+    from ray.exceptions import RayActorError
+
+    (prefill,) = cluster.controller.pool("prefill")
+    pid = _controller_pid(cluster.deployment)
+    os.kill(pid, signal.SIGSTOP)  # frozen: it cannot see what follows
+    try:
+        follower = prefill.tp.followers[0]
+        ray.kill(follower, no_restart=True)
+        with pytest.raises(RayActorError):
+            ray.get(follower.__ray_ready__.remote(), timeout=60)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: _restarted(cluster, "prefill-0", prefill.restarts + 1), "prefill-0 to come back", timeout_s=180)
+    events = cluster.controller.status()["events"]
+    assert any("controller restarted: adopted 1 serving workers, 1 to replace" in e for e in events), events
+    assert any("prefill-0 is dead (found broken after the controller's restart: missing" in e for e in events)
+    assert _complete(cluster) == cluster.expected
+
+
+def test_a_deployment_whose_serving_process_died_ends_itself(cluster):
+    """A second controller, serving no router, watches a process the test then kills (as `tandem serve`
+    killed with SIGKILL on a Ray cluster that goes on): its detached worker and itself end."""
+    import ray
+
+    from cluster.actor_names import CONTROLLER, detached, new_namespace
+    from cluster.controller_actor import ControllerActor
+    from cluster.orphans import ServingProcess
+    from cluster.spec import with_overrides
+
+    spec = with_overrides(cluster.deployment.spec, {"prefill.replicas": 0, "health.timeout_s": 1})
+    serving = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    namespace = new_namespace()
+    try:
+        watched = ServingProcess(serving.pid, psutil.Process(serving.pid).create_time())
+        actor = ray.remote(ControllerActor).options(num_cpus=0, max_concurrency=4, **detached(namespace, CONTROLLER))
+        controller = actor.remote(spec, namespace, watched)
+        ray.get(controller.start.remote(), timeout=300)
+        assert sorted(left_behind(namespace)) == ["controller", "decode-0@0"]
+    finally:
+        serving.kill()
+        serving.wait()
+    wait_for(lambda: left_behind(namespace) == [], "the orphaned deployment to end", timeout_s=120)
+
+
+def test_stopping_with_the_controller_dead_for_good_leaves_no_worker_behind(cluster):
+    """The last test: the workers are detached (they outlived the controller above); nobody but the
+    deployment's stop would kill them once the controller cannot."""
+    import ray
+
+    deployment = cluster.deployment
+    assert left_behind(deployment.namespace)  # the workers, named in the deployment's namespace
+    ray.kill(deployment.controller.handle, no_restart=True)
+    deployment.stop()
+    assert left_behind(deployment.namespace) == []
+
+
+def _controller_pid(deployment) -> int:
+    import ray
+
+    return ray.get(deployment.controller.handle.__ray_call__.remote(lambda _actor: os.getpid()))
 
 
 def _node_of(_actor) -> str:

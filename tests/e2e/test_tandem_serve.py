@@ -2,7 +2,8 @@
 
 It answers the official `openai` client with transformers' greedy text, and
 SIGINT ends it with status 0 and takes every process it started (Ray's
-included) down with it.
+included) down with it. When its Ray cluster is killed under it, it says so and
+exits with status 1 instead of serving nothing forever.
 """
 
 from __future__ import annotations
@@ -44,15 +45,37 @@ def _wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 240.0) ->
     raise AssertionError("tandem serve never became healthy")
 
 
-def test_serve_answers_openai_then_sigint_stops_everything(tiny_model_dirs, tmp_path):
-    model_dir, port = tiny_model_dirs["llama"], _free_port()
-    url = f"http://127.0.0.1:{port}"
+def _serve(model_dir: str, port: int, log) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])), TANDEM_LOG_LEVEL="WARNING")
     command = [sys.executable, "-m", "cluster.cli", "serve", "--model", model_dir, "--served-model-name", "tiny",
                "--port", str(port), "--num-kv-blocks", "48", "--max-model-len", "256"]  # fmt: skip
+    return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _output(proc: subprocess.Popen, log) -> str:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    log.seek(0)
+    output = log.read()
+    log.close()
+    return output
+
+
+def _all_ended(started: list[psutil.Process], timeout_s: float = 30.0) -> list[int]:
+    """The pids of `started` still running after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p in started if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p.pid for p in left]
+
+
+def test_serve_answers_openai_then_sigint_stops_everything(tiny_model_dirs, tmp_path):
+    model_dir, port = tiny_model_dirs["llama"], _free_port()
+    url = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = _serve(model_dir, port, log)
     try:
         _wait_healthy(proc, url)
         started = psutil.Process(proc.pid).children(recursive=True)
@@ -67,21 +90,31 @@ def test_serve_answers_openai_then_sigint_stops_everything(tiny_model_dirs, tmp_
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.seek(0)
-        output = log.read()
-        log.close()
+        output = _output(proc, log)
     assert "serving tiny at" in output and "tandem: stopped" in output, output
-    deadline = time.monotonic() + 30
-    while (left := [p for p in started if _running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"still running after tandem serve ended: {[p.pid for p in left]}"
+    assert not _all_ended(started), "still running after tandem serve ended"
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may linger in TIME_WAIT
         sock.bind(("127.0.0.1", port))  # nothing listens on the router's port any more
         sock.listen()
+
+
+def test_serve_exits_non_zero_when_its_ray_cluster_is_killed(tiny_model_dirs, tmp_path):
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    proc = _serve(tiny_model_dirs["llama"], port, log)
+    try:
+        _wait_healthy(proc, f"http://127.0.0.1:{port}")
+        started = psutil.Process(proc.pid).children(recursive=True)
+        ray_core = [p for p in started if p.name() in ("gcs_server", "raylet")]
+        assert len(ray_core) == 2, [p.name() for p in started]
+        for process in ray_core:
+            process.kill()  # SIGKILL: the embedded Ray cluster is gone, its workers with it
+        assert proc.wait(timeout=180) == 1
+    finally:
+        output = _output(proc, log)
+    assert "tandem: the Ray cluster is gone" in output and "tandem: error: the Ray cluster is gone" in output, output
+    assert not _all_ended(started, timeout_s=60), "still running after tandem serve ended"
 
 
 def _running(process: psutil.Process) -> bool:
