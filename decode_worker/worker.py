@@ -58,6 +58,8 @@ from kvtransfer.rank_links import RankLinks
 from kvtransfer.token_stream import PullSocket, Pushers
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
+from runtime.request_table import RequestTable
+from runtime.router_lease import RouterLease, due
 
 logger = logging.getLogger("tandem.decode")
 
@@ -78,7 +80,9 @@ class DecodeWorkerConfig:
     router_lease_s: float = 60.0  # no control call for this long: the router is gone, end what we hold
 
 
-class DecodeWorker:
+class DecodeWorker(RequestTable):
+    transitions = TRANSITIONS
+
     def __init__(self, engine: LLMEngine, config: DecodeWorkerConfig, io, board: LoadBoard, receiver_address: str,
                  inbox: PullSocket, pushers: Pushers):  # fmt: skip
         """`io`: the I/O thread (anything with `post(command)`); the worker owns and closes it, `inbox`, `pushers`."""
@@ -86,22 +90,19 @@ class DecodeWorker:
         self.receiver_address, self.inbox, self.pushers = receiver_address, inbox, pushers
         self.tp_size = engine.config.parallel.tp_size
         self.ranks: RankLinks | None = None  # tensor parallel: the follower ranks' receivers
-        self.records: dict[str, DecodeRecord] = {}  # insertion order: oldest first (admission order)
-        self._calls = {"reserve": self.reserve, "abort": self.abort, "attach_followers": self.attach_followers,
-                       "is_clean": self.is_clean}  # fmt: skip
+        super().__init__()  # self.records: request id -> DecodeRecord, oldest first (admission order)
+        self.lease = RouterLease(board, config.router_lease_s)
+        self.calls.update(reserve=self.reserve, abort=self.abort, attach_followers=self.attach_followers)
 
     # ---- messages to the loop ------------------------------------------------
     def handle(self, message) -> None:
         if isinstance(message, Call):
-            try:
-                self._calls[message.method](message)
-            except Exception as err:  # a bug, or a lifecycle call that failed: the caller hears of it
-                message.answer(None, err)
+            self.take_call(message)
         elif isinstance(message, KVEnded):
             kind = Event.KV_DONE if message.kind == "done" else Event.KV_FAILED
-            self._on(message.request_id, kind, f"KV transfer failed: {message.reason}")
+            self.on(message.request_id, kind, f"KV transfer failed: {message.reason}")
         elif isinstance(message, KVReleased):
-            self._on(message.request_id, Event.RELEASED, rank=0)
+            self.on(message.request_id, Event.RELEASED, rank=0)
 
     def reserve(self, call: Call) -> None:
         """Take the request: prefill it here, or reserve blocks for its KV (answered once every rank expects it)."""
@@ -134,7 +135,7 @@ class DecodeWorker:
         self.ranks.tell(ExpectShard(rid, blocks))
 
     def abort(self, call: Call) -> None:
-        self._on(call.arg, Event.ABORT, "aborted by the client")
+        self.on(call.arg, Event.ABORT, "aborted by the client")
         call.answer(None)
 
     def attach_followers(self, call: Call) -> None:
@@ -145,10 +146,6 @@ class DecodeWorker:
         self.ranks = RankLinks(ranks, self.config.rank_ack_timeout_s, self.config.control_address)
         call.answer(None)
 
-    def is_clean(self, call: Call) -> None:
-        snap = self.snapshot()
-        call.answer(snap.idle and snap.pool_all_free)
-
     # ---- the loop (runtime.loop.LoopWorker) -------------------------------------
     def sockets(self) -> list:
         return [self.inbox.socket] + ([self.ranks.socket] if self.ranks is not None else [])
@@ -156,9 +153,9 @@ class DecodeWorker:
     def read_sockets(self) -> None:
         for msg in self.inbox.poll(0):
             if isinstance(msg, FirstToken):
-                self._on(msg.request_id, Event.FIRST_TOKEN, token=msg.token_id)
+                self.on(msg.request_id, Event.FIRST_TOKEN, token=msg.token_id)
             else:  # PrefillFailed
-                self._on(msg.request_id, Event.KV_FAILED, f"prefill failed: {msg.reason}")
+                self.on(msg.request_id, Event.KV_FAILED, f"prefill failed: {msg.reason}")
         for msg in self.ranks.read() if self.ranks is not None else ():
             self._on_rank_message(msg)
         self._admit_ready()
@@ -171,34 +168,31 @@ class DecodeWorker:
             outputs = self.engine.step()
         except EngineStepError as err:  # the engine ended those requests and freed their blocks
             for request_id in err.request_ids:
-                self._on(request_id, Event.STEP_FAILED, str(err))
+                self.on(request_id, Event.STEP_FAILED, str(err))
             return False
         for out in outputs:
             record = self.records.get(out.request_id)
             if record is not None:
                 self._stream(record, out)
                 if out.finished:
-                    self._on(out.request_id, Event.FINISHED)
+                    self.on(out.request_id, Event.FINISHED)
         self._admit_ready()  # seats freed by finished requests
         return True
 
     def next_deadline(self) -> float | None:
-        deadlines = [r.deadline for r in self.records.values() if r.deadline is not None]
-        if self.records:
-            deadlines.append(self.board.router_last_seen + self.config.router_lease_s)
-        return min(deadlines, default=None)
+        return self.lease.next_deadline(self.records.values())
 
     def check_deadlines(self) -> None:
         now = time.monotonic()
-        if self.records and now - self.board.router_last_seen > self.config.router_lease_s:
+        if self.records and self.lease.expired(now):
             for request_id in list(self.records):
-                self._on(request_id, Event.ABORT, f"no call from the router for {self.config.router_lease_s}s")
-        for record in [r for r in self.records.values() if r.deadline is not None and r.deadline <= now]:
+                self.on(request_id, Event.ABORT, self.lease.reason)
+        for record in due(self.records.values(), now):
             if record.phase is Phase.AWAITING_KV:
-                self._on(record.request_id, Event.NO_FIRST_TOKEN,
+                self.on(record.request_id, Event.NO_FIRST_TOKEN,
                          f"no first token {self.config.timeouts.transfer_s}s after the KV landed")  # fmt: skip
             else:
-                self._on(record.request_id, Event.ACK_TIMEOUT, self._ack_timeout_reason(record))
+                self.on(record.request_id, Event.ACK_TIMEOUT, self._ack_timeout_reason(record))
 
     def snapshot(self) -> LoopSnapshot:
         kv, sched = self.engine.kv_cache, self.engine.scheduler
@@ -219,15 +213,8 @@ class DecodeWorker:
             if closable is not None:
                 closable.close()
 
-    # ---- transitions (decode_worker.records) ----------------------------------
-    def _on(self, request_id: str, event: Event, reason: str = "", token: int | None = None,
-            rank: int | None = None) -> None:  # fmt: skip
-        record = self.records.get(request_id)
-        name = TRANSITIONS.get((record.phase, event)) if record is not None else None
-        if name is not None:  # else late news for a phase that no longer cares
-            getattr(self, f"_to_{name}")(record, event, reason=reason, token=token, rank=rank)
-
-    def _to_awaiting_kv(self, record: DecodeRecord, event: Event, rank: int, **_) -> None:
+    # ---- transitions (decode_worker.records; `on` is runtime.request_table's) --------
+    def _to_awaiting_kv(self, record: DecodeRecord, event: Event, rank: int | None = None, **_) -> None:
         record.unacked.discard(rank)
         if not record.unacked:
             record.phase, record.deadline = Phase.AWAITING_KV, None
@@ -238,7 +225,8 @@ class DecodeWorker:
         record.call = None
         self._release(record, "refused", reason)
 
-    def _to_admission(self, record: DecodeRecord, event: Event, token: int | None, rank: int | None, **_) -> None:
+    def _to_admission(self, record: DecodeRecord, event: Event, token: int | None = None, rank: int | None = None,
+                      **_) -> None:  # fmt: skip
         if event is Event.KV_DONE:
             record.kv_landed = True
             if record.first_token is None:  # the prefill worker sends both at once; give the token time to come
@@ -262,7 +250,7 @@ class DecodeWorker:
     def _to_gone(self, record: DecodeRecord, event: Event, **_) -> None:
         del self.records[record.request_id]
 
-    def _to_released(self, record: DecodeRecord, event: Event, reason: str, rank: int | None, **_) -> None:
+    def _to_released(self, record: DecodeRecord, event: Event, reason: str, rank: int | None = None, **_) -> None:
         if event is Event.ACK_TIMEOUT:
             logger.error("freeing the blocks of %s anyway: %s", record.request_id, reason)
             record.holders.clear()
@@ -309,16 +297,16 @@ class DecodeWorker:
             record.phase, record.deadline = Phase.RUNNING, None
             self._stream(record, out, already_streamed=1)
             if out.finished:
-                self._on(record.request_id, Event.FINISHED)
+                self.on(record.request_id, Event.FINISHED)
 
     def _on_rank_message(self, msg: RankAck | ShardEnded) -> None:
         if isinstance(msg, RankAck):
             event = Event.RANK_ACKED if msg.kind == "ExpectShard" else Event.RELEASED
-            self._on(msg.request_id, event, rank=msg.rank)
+            self.on(msg.request_id, event, rank=msg.rank)
         elif msg.kind == "done":
-            self._on(msg.request_id, Event.SHARD_DONE, rank=msg.rank)
+            self.on(msg.request_id, Event.SHARD_DONE, rank=msg.rank)
         else:
-            self._on(msg.request_id, Event.KV_FAILED, f"KV transfer to rank {msg.rank} failed: {msg.reason}")
+            self.on(msg.request_id, Event.KV_FAILED, f"KV transfer to rank {msg.rank} failed: {msg.reason}")
 
     def _answer_reserve(self, record: DecodeRecord) -> None:
         # Through the I/O thread: it has applied ExpectKV before the answer leaves.

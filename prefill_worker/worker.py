@@ -56,6 +56,8 @@ from prefill_worker.pieces import transfers_of
 from prefill_worker.records import TRANSITIONS, Event, Phase, PrefillRecord
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
+from runtime.request_table import RequestTable
+from runtime.router_lease import RouterLease, due
 
 logger = logging.getLogger("tandem.prefill")
 
@@ -70,29 +72,28 @@ class PrefillWorkerConfig:
     transport_faults: TransportFaults = TransportFaults()  # fault-injection tests only
 
 
-class PrefillWorker:
+class PrefillWorker(RequestTable):
+    transitions = TRANSITIONS
+
     def __init__(self, engine: LLMEngine, config: PrefillWorkerConfig, io, board: LoadBoard, pushers: Pushers):
         """`io`: the I/O thread (anything with `post(command)`); the worker owns and closes it and `pushers`."""
         self.engine, self.config, self.io, self.board, self.pushers = engine, config, io, board, pushers
         self.tp_size, self.num_kv_heads = engine.config.parallel.tp_size, engine.config.model.num_kv_heads
         self.ranks: RankLinks | None = None  # tensor parallel: the follower ranks' senders
-        self.records: dict[str, PrefillRecord] = {}
+        super().__init__()  # self.records: request id -> PrefillRecord
+        self.lease = RouterLease(board, config.router_lease_s)
         self._sending_now: tuple[str, ...] = ()  # requests whose transfers the forward under way feeds
-        self._calls = {"prefill": self.prefill, "abort": self.abort, "attach_followers": self.attach_followers,
-                       "is_clean": self.is_clean}  # fmt: skip
+        self.calls.update(prefill=self.prefill, abort=self.abort, attach_followers=self.attach_followers)
         engine.kv_connector = self
 
     # ---- messages to the loop ------------------------------------------------
     def handle(self, message) -> None:
         if isinstance(message, Call):
-            try:
-                self._calls[message.method](message)
-            except Exception as err:  # ValueError: the request's fault (the router answers 400)
-                message.answer(None, err)
+            self.take_call(message)
         elif isinstance(message, TransferEnded):
             self._transfer_ended(message.request_id, message.rank, message.peer, message.kind, message.reason)
         elif isinstance(message, SendReleased):
-            self._on(message.request_id, Event.RELEASED, rank=message.rank)
+            self.on(message.request_id, Event.RELEASED, rank=message.rank)
 
     def prefill(self, call: Call) -> None:
         """Queue the prompt; a ValueError (nothing kept) if this engine cannot take it."""
@@ -104,7 +105,7 @@ class PrefillWorker:
         call.answer(None)
 
     def abort(self, call: Call) -> None:
-        self._on(call.arg, Event.ABORT, "aborted by the client")
+        self.on(call.arg, Event.ABORT, "aborted by the client")
         call.answer(None)
 
     def attach_followers(self, call: Call) -> None:
@@ -112,10 +113,6 @@ class PrefillWorker:
         endpoints = [decode(e, RankEndpoint) for e in call.arg]
         self.ranks = RankLinks(endpoints, self.config.rank_ack_timeout_s, self.config.control_address)
         call.answer(None)
-
-    def is_clean(self, call: Call) -> None:
-        snap = self.snapshot()
-        call.answer(snap.idle and snap.pool_all_free)
 
     # ---- the KV connector (engine.kv_connector), on this thread inside engine.step ------
     def before_forward(self, sched: SchedulerOutput) -> bytes:
@@ -125,7 +122,7 @@ class PrefillWorker:
             record = self.records.get(scheduled.request.request_id)
             if scheduled.samples and record is not None and record.phase is Phase.QUEUED:
                 orders.append(self._order(record))
-                self._on(record.request_id, Event.SENDING)
+                self.on(record.request_id, Event.SENDING)
         self._sending_now = tuple(order.request_id for order in orders)
         return encode(ShardOrders(tuple(orders))) if orders and self.ranks is not None else b""
 
@@ -140,7 +137,7 @@ class PrefillWorker:
     def read_sockets(self) -> None:
         for msg in self.ranks.read() if self.ranks is not None else ():
             if isinstance(msg, RankAck):
-                self._on(msg.request_id, Event.RELEASED, rank=msg.rank)
+                self.on(msg.request_id, Event.RELEASED, rank=msg.rank)
             else:  # ShardEnded
                 self._transfer_ended(msg.request_id, msg.rank, msg.peer, msg.kind, msg.reason)
 
@@ -152,7 +149,7 @@ class PrefillWorker:
             outputs = self.engine.step()
         except EngineStepError as err:
             for request_id in err.request_ids:
-                self._on(request_id, Event.STEP_FAILED, str(err))
+                self.on(request_id, Event.STEP_FAILED, str(err))
             return False
         finally:
             self._sending_now = ()
@@ -161,18 +158,15 @@ class PrefillWorker:
         return True
 
     def next_deadline(self) -> float | None:
-        deadlines = [r.deadline for r in self.records.values() if r.deadline is not None]
-        if self.records:
-            deadlines.append(self.board.router_last_seen + self.config.router_lease_s)
-        return min(deadlines, default=None)
+        return self.lease.next_deadline(self.records.values())
 
     def check_deadlines(self) -> None:
         now = time.monotonic()
-        if self.records and now - self.board.router_last_seen > self.config.router_lease_s:
+        if self.records and self.lease.expired(now):
             for request_id in list(self.records):  # the router is gone: nobody waits for these
-                self._on(request_id, Event.ABORT, f"no call from the router for {self.config.router_lease_s}s")
-        for record in [r for r in self.records.values() if r.deadline is not None and r.deadline <= now]:
-            self._on(record.request_id, Event.ACK_TIMEOUT,
+                self.on(request_id, Event.ABORT, self.lease.reason)
+        for record in due(self.records.values(), now):
+            self.on(record.request_id, Event.ACK_TIMEOUT,
                      f"rank(s) {sorted(record.holders)} did not let go of it within {self.config.rank_ack_timeout_s}s")
 
     def snapshot(self) -> LoopSnapshot:
@@ -194,14 +188,7 @@ class PrefillWorker:
             self.ranks.close()
         self.pushers.close()
 
-    # ---- transitions (prefill_worker.records) ----------------------------------
-    def _on(self, request_id: str, event: Event, reason: str = "", rank: int | None = None,
-            peer: str = "") -> None:  # fmt: skip
-        record = self.records.get(request_id)
-        name = TRANSITIONS.get((record.phase, event)) if record is not None else None
-        if name is not None:  # else late news for a phase that no longer cares
-            getattr(self, f"_to_{name}")(record, event, reason=reason, rank=rank, peer=peer)
-
+    # ---- transitions (prefill_worker.records; `on` is runtime.request_table's) -------
     def _to_sending(self, record: PrefillRecord, event: Event, **_) -> None:
         record.phase = Phase.SENDING
 
@@ -209,7 +196,7 @@ class PrefillWorker:
         self.engine.abort_request(record.request_id)  # its blocks stay held for us: released just below
         self._gone(record, tell_decode=event is Event.STEP_FAILED, reason=reason)
 
-    def _to_sent(self, record: PrefillRecord, event: Event, rank: int, peer: str, **_) -> None:
+    def _to_sent(self, record: PrefillRecord, event: Event, rank: int | None = None, peer: str = "", **_) -> None:
         record.transfers.discard((rank, peer))
         if not record.transfers:
             self._gone(record)
@@ -225,7 +212,7 @@ class PrefillWorker:
         if self.ranks is not None:
             self.ranks.tell(DropShard(record.request_id, reason))
 
-    def _to_released(self, record: PrefillRecord, event: Event, reason: str, rank: int | None, **_) -> None:
+    def _to_released(self, record: PrefillRecord, event: Event, reason: str, rank: int | None = None, **_) -> None:
         if event is Event.ACK_TIMEOUT:
             logger.error("freeing the blocks of %s anyway: %s", record.request_id, reason)
             record.holders.clear()
@@ -254,9 +241,9 @@ class PrefillWorker:
 
     def _transfer_ended(self, request_id: str, rank: int, peer: str, kind: str, reason: str) -> None:
         if kind == "done":
-            return self._on(request_id, Event.TRANSFER_DONE, rank=rank, peer=peer)
+            return self.on(request_id, Event.TRANSFER_DONE, rank=rank, peer=peer)
         logger.warning("KV transfer of %s from rank %d to %s %s: %s", request_id, rank, peer, kind, reason)
-        self._on(request_id, Event.TRANSFER_FAILED,
+        self.on(request_id, Event.TRANSFER_FAILED,
                  f"KV transfer from prefill rank {rank} to {peer or 'decode'} {kind}: {reason}")  # fmt: skip
 
     def _hand_over(self, out: RequestOutput) -> None:

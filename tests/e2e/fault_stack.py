@@ -72,9 +72,12 @@ def leaked_blocks(ray, stack, survivors: list[str]) -> int:
     return sum(load.total_blocks - load.free_blocks for load in loads)
 
 
-def record(fault: str, in_flight: int, completed: int, lost: int, leaked: int) -> None:
+def record(fault: str, in_flight: int, completed: int, lost: int, leaked: int, restarts: int | None = None,
+           timeouts: str = "defaults") -> None:  # fmt: skip
+    """One row of the reliability table (restarts: worker restarts seen, None without a controller)."""
     path = os.environ.get(REPORT_ENV)
     if path:
-        row = {"fault": fault, "in_flight": in_flight, "completed": completed, "lost": lost, "leaked_blocks": leaked}
+        row = {"fault": fault, "timeouts": timeouts, "in_flight": in_flight, "completed": completed, "lost": lost,
+               "restarts": "–" if restarts is None else restarts, "leaked_blocks": leaked}  # fmt: skip
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")

@@ -97,7 +97,7 @@ def test_workers_land_where_their_pool_says_and_serve_greedy_text(cluster):
     assert _complete(cluster) == cluster.expected
     # The data plane listens on the nodes' Ray address, where other machines would reach it.
     (decode,) = cluster.controller.pool("decode")
-    kv_address = ray.get(decode.rank0.__ray_call__.remote(lambda actor: actor.loop.call(lambda w: w.receiver.address)))
+    kv_address = ray.get(decode.rank0.__ray_call__.remote(lambda actor: actor.hosted.worker.receiver_address))
     assert kv_address.startswith(f"tcp://{HOST}:")
     assert cluster.deployment.app.state.router.dispatcher.stream.address.startswith(f"tcp://{HOST}:")
 

@@ -37,6 +37,7 @@ MODEL = "tiny-llama"
 # each transfer 1 s (default 120 s), so dropped or late (2 s) chunks fail it soon.
 FAST = TransferTimeouts(heartbeat_interval_s=0.2, lease_s=2.0, peer_silence_s=2.0)
 DEADLINE = dataclasses.replace(FAST, lease_s=1.0, transfer_s=1.0)
+SHORTENED, DEADLINE_S = "KV lease and silence 2 s", "KV transfer deadline 1 s"  # the table's timeouts column
 PROMPTS = [[(7 * i + 13 * j) % 380 + 3 for j in range(10 + 5 * i)] for i in range(16)]  # 10 .. 85 tokens
 
 
@@ -94,23 +95,27 @@ def test_kill_9_a_decode_worker_under_16_open_streams(ray_session, model):
     decode = [DecodeWorkerConfig(f"decode-{i}", timeouts=FAST) for i in range(2)]
     with fault_stack(ray_session, _args(model[0]), _config(model[0]), prefill, decode) as stack:
 
-        async def main():
-            client, progress = _client(stack), [0] * len(PROMPTS)
-            streams = [asyncio.create_task(_stream(client, ids, n, progress, i)) for i, ids in enumerate(PROMPTS)]
-            while min(progress) < 2 and not any(s.done() for s in streams):
-                await asyncio.sleep(0.005)
-            victim = max(stack.registry.live("decode"), key=lambda w: w.in_flight)
-            held = victim.in_flight
-            await asyncio.to_thread(kill_9, ray_session, stack.actors[victim.name])
-            results = await asyncio.gather(*streams, return_exceptions=True)
-            return victim.name, held, results
-
-        victim, held, results = asyncio.run(main())
+        victim, held, results = asyncio.run(_hit_the_busier_decode_worker(stack, n, kill_9, ray_session))
+        victim = victim.name
         survivors = [name for name in stack.actors if name != victim]
         leaked = leaked_blocks(ray_session, stack, survivors)
     completed, lost = _tally(results, expected)
-    record(f"kill -9 decode worker (1 of 2; it held {held} streams)", len(PROMPTS), completed, lost, leaked)
+    record(f"kill -9 decode worker (1 of 2; it held {held} streams)", len(PROMPTS), completed, lost, leaked,
+           timeouts=SHORTENED)
     assert held > 0 and (completed, lost, leaked) == (len(PROMPTS), 0, 0), results
+
+
+async def _hit_the_busier_decode_worker(stack, n: int, fault, ray) -> tuple:
+    """Open a stream per prompt; once each has 2 tokens, `fault(ray, actor)` the decode worker holding the most;
+    return (its state, how many it held, every stream's result)."""
+    client, progress = _client(stack), [0] * len(PROMPTS)
+    streams = [asyncio.create_task(_stream(client, ids, n, progress, i)) for i, ids in enumerate(PROMPTS)]
+    while min(progress) < 2 and not any(s.done() for s in streams):
+        await asyncio.sleep(0.005)
+    victim = max(stack.registry.live("decode"), key=lambda w: w.in_flight)
+    held = victim.in_flight
+    await asyncio.to_thread(fault, ray, stack.actors[victim.name])
+    return victim, held, await asyncio.gather(*streams, return_exceptions=True)
 
 
 def _break_every_step(ray, actor) -> None:
@@ -130,17 +135,11 @@ def test_a_decode_worker_whose_steps_keep_failing_is_taken_out_and_its_streams_m
     with fault_stack(ray_session, _args(model[0]), _config(model[0]), prefill, decode) as stack:
 
         async def main():
-            client, progress = _client(stack), [0] * len(PROMPTS)
-            streams = [asyncio.create_task(_stream(client, ids, n, progress, i)) for i, ids in enumerate(PROMPTS)]
-            while min(progress) < 2 and not any(s.done() for s in streams):
-                await asyncio.sleep(0.005)
-            victim = max(stack.registry.live("decode"), key=lambda w: w.in_flight)
-            held = victim.in_flight
-            await asyncio.to_thread(_break_every_step, ray_session, stack.actors[victim.name])
-            results = await asyncio.gather(*streams, return_exceptions=True)
+            victim, held, results = await _hit_the_busier_decode_worker(stack, n, _break_every_step, ray_session)
             # Whatever still reaches it fails its step too: after a few in a row its heartbeat says so.
-            more = []
+            more, client = [], _client(stack)
             while victim.alive and len(more) < 40:  # batches of 4 at once, so both workers get some
+                await asyncio.sleep(0.5)  # a load poll (0.2 s) clears a suspect worker: it gets requests again
                 more += await asyncio.gather(*(_complete(client, ids, 4) for ids in PROMPTS[:4]))
             return victim, held, results, more
 
@@ -149,7 +148,7 @@ def test_a_decode_worker_whose_steps_keep_failing_is_taken_out_and_its_streams_m
         leaked = leaked_blocks(ray_session, stack, survivors)
     completed, lost = _tally(results, expected)
     record(f"every step of a decode worker fails (1 of 2; it held {held} streams)", len(PROMPTS), completed, lost,
-           leaked)  # fmt: skip
+           leaked, timeouts=SHORTENED)  # fmt: skip
     assert held > 0 and (completed, lost, leaked) == (len(PROMPTS), 0, 0), results
     assert not victim.alive and all(r == (_greedy_text(model, PROMPTS[i % 4], 4), "length") for i, r in enumerate(more))
 
@@ -176,7 +175,8 @@ def test_kill_9_a_prefill_worker_under_load(ray_session, model):
         held, results = asyncio.run(main())
         leaked = leaked_blocks(ray_session, stack, ["prefill-1", "decode-0"])
     completed, lost = _tally(results, expected)
-    record(f"kill -9 prefill worker (1 of 2; {held} prompts on it)", len(PROMPTS), completed, lost, leaked)
+    record(f"kill -9 prefill worker (1 of 2; {held} prompts on it)", len(PROMPTS), completed, lost, leaked,
+           timeouts=SHORTENED)
     assert (completed, lost, leaked) == (len(PROMPTS), 0, 0), results
 
 
@@ -199,10 +199,10 @@ def test_lost_or_late_kv_chunks_follow_the_policy(ray_session, model, fault, pol
     completed, lost = _tally(results, expected)
     what = {"drop": "KV chunks dropped", "delay": "KV chunks delayed past the deadline"}[fault]
     if policy == "recompute":
-        record(f"{what}, kv_transfer_failure=recompute", len(prompts), completed, lost, leaked)
+        record(f"{what}, kv_transfer_failure=recompute", len(prompts), completed, lost, leaked, timeouts=DEADLINE_S)
         assert (completed, lost, leaked) == (len(prompts), 0, 0), results
     else:  # each request is refused with a clear error, and nothing stays held
         assert all(isinstance(r, openai.InternalServerError) and "its KV transfer failed" in str(r) for r in results), results
         record(f"{what}, kv_transfer_failure=fail (each answered 500, a clear error)", len(prompts),
-               completed, lost - len(prompts), leaked)  # fmt: skip
+               completed, lost - len(prompts), leaked, timeouts=DEADLINE_S)  # fmt: skip
         assert leaked == 0

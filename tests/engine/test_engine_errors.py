@@ -113,7 +113,7 @@ def test_failed_step_aborts_its_requests_frees_blocks_and_engine_recovers(llm, m
     engine.add_request("doomed", {"prompt_token_ids": list(range(3, 30))}, SamplingParams(max_tokens=4))
     real_execute = engine.runner.execute
 
-    def broken(batch):
+    def broken(*args):
         raise RuntimeError("simulated kernel failure")
 
     monkeypatch.setattr(engine.runner, "execute", broken)

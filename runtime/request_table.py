@@ -1,0 +1,44 @@
+"""What both roles' loop workers share: one record per request, moved only by a transition table.
+
+A role's worker keeps `records` (request id -> its record, which has a `phase`)
+and a class-level `transitions` table, (phase, event) -> the name `n` of its
+method `_to_n(record, event, **facts)`. `on(request_id, event, ...)` is the
+only way a record changes phase: an event its phase does not list is late news
+(a KV chunk after an abort, a transfer's end after a failure) and is ignored,
+so every failure path is one table entry. Calls from the router or a lifecycle
+caller arrive as `Call`s and go to the method their name says (`calls`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from runtime.control_service import Call
+from runtime.load_board import LoopSnapshot
+
+
+class RequestTable:
+    transitions: dict = {}  # (phase, event) -> transition name (a role's records module)
+
+    def __init__(self):
+        self.records: dict = {}  # insertion order: oldest first
+        self.calls: dict[str, Callable[[Call], None]] = {"is_clean": self.is_clean}
+
+    def on(self, request_id: str, event, reason: str = "", **facts) -> None:
+        record = self.records.get(request_id)
+        name = self.transitions.get((record.phase, event)) if record is not None else None
+        if name is not None:  # else late news for a phase that no longer cares
+            getattr(self, f"_to_{name}")(record, event, reason=reason, **facts)
+
+    def take_call(self, call: Call) -> None:
+        try:
+            self.calls[call.method](call)
+        except Exception as err:  # ValueError: the caller's fault; anything else a bug the caller hears of
+            call.answer(None, err)
+
+    def is_clean(self, call: Call) -> None:
+        snap = self.snapshot()
+        call.answer(snap.idle and snap.pool_all_free)
+
+    def snapshot(self) -> LoopSnapshot:
+        raise NotImplementedError
