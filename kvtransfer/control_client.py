@@ -37,7 +37,7 @@ from kvtransfer.codec import DecodeError, decode, encode
 from kvtransfer.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from kvtransfer.handoff import AsyncEncodedCalls
 from kvtransfer.protocol import ControlCall, ControlReply
-from kvtransfer.socket_security import ClusterKey, connect_secured
+from kvtransfer.socket_security import ClusterKey, connect_secured, open_monitor
 
 logger = logging.getLogger("tandem.kvtransfer")
 
@@ -119,7 +119,7 @@ class ControlClient:
     # ---- the socket -------------------------------------------------------
     def _open(self) -> None:
         self._sock = control_socket(zmq.Context.instance(), zmq.DEALER)
-        self._monitor = self._sock.get_monitor_socket(_EVENTS)
+        self._monitor = open_monitor(self._sock, _EVENTS)
         connect_secured(self._sock, self.address, MAX_CONTROL_MESSAGE_BYTES, key=self.key)
         self._loop.add_reader(self._sock.FD, self._read_replies)
         self._loop.add_reader(self._monitor.FD, self._read_monitor)

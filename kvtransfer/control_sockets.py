@@ -25,6 +25,9 @@ MAX_CONTROL_MESSAGE_BYTES = 16 * 1024 * 1024
 HEARTBEAT_IVL_MS = 1_000
 HEARTBEAT_TIMEOUT_MS = 15_000
 HEARTBEAT_TTL_MS = 15_000  # ZMQ rounds it to deciseconds
+# A peer that refuses is retried after 100 ms, then less and less often, at most every 2 s: a restarted
+# worker binds a new port (a new client reaches it), and each retry is one more monitor event to read.
+RECONNECT_IVL_MAX_MS = 2_000
 
 
 def control_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
@@ -39,6 +42,7 @@ def control_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TTL_MS)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished router raises instead of vanishing
     return sock

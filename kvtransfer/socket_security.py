@@ -179,6 +179,24 @@ def _authenticator(context: zmq.Context) -> _Authenticator:
 
 # -- what libzmq refused, read from socket monitors on one thread --
 
+
+def open_monitor(sock: zmq.Socket, events: int, endpoint: str | None = None) -> zmq.Socket:
+    """A PAIR that receives `sock`'s monitor `events`, with no high-water mark.
+
+    libzmq's I/O thread blocks when a monitor's queue is full, and with it every socket of the
+    context (a client retrying a dead peer emits an event per retry): here unread events cost
+    memory, never the process's sockets. The caller reads and closes the PAIR."""
+    endpoint = endpoint or f"inproc://tandem-monitor-{os.getpid()}-{id(sock):x}-{next(_monitor_ids)}"
+    sock.monitor(endpoint, events)
+    pair = zmq.Context.shadow(sock.context.underlying).socket(zmq.PAIR)
+    pair.setsockopt(zmq.LINGER, 0)
+    pair.setsockopt(zmq.RCVHWM, 0)  # set before connecting: the inproc pipe then has no bound
+    pair.connect(endpoint)
+    return pair
+
+
+_monitor_ids = itertools.count()
+
 _EVENT_REASONS = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "unauthenticated",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "bad_handshake",
@@ -201,10 +219,7 @@ class _Monitor:
         events = 0
         for event in _EVENT_REASONS:
             events |= event
-        sock.monitor(endpoint, events)
-        pair = zmq.Context.shadow(sock.context.underlying).socket(zmq.PAIR)
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.connect(endpoint)
+        pair = open_monitor(sock, events, endpoint)
         with self._lock:
             self._added.append((pair, kind))
             if self._thread is None:
