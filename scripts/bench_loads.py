@@ -41,6 +41,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_report import append_section, machine_line  # noqa: E402
 from cluster_bench.servers import free_port, vllm_server  # noqa: E402
 
+SERVERS = (
+    "Tandem: `tandem serve` with its defaults (embedded local Ray, 1 prefill + 1 decode worker, one torch thread "
+    "each, float32, max_model_len 8192, max_num_batched_tokens 2048). vLLM CPU (`../shared/tools/peer-vllm`): "
+    "float32, the same max_model_len and batched-token budget, OpenMP on both cores. One server up at a time; "
+    "clients: `vllm bench serve` (vLLM's own, `../shared/tools/vllm-bench`) and `scripts/bench_serving.py`, "
+    "random prompts with `--ignore-eos`. Loads:\n"
+)
 VLLM_BENCH = ROOT.parent / "shared" / "tools" / "vllm-bench"
 PEER_VLLM = ROOT.parent / "shared" / "tools" / "peer-vllm"
 SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -204,7 +211,7 @@ def main(argv=None) -> None:
     print(text)
     print(f"results: {result_dir}")
     if args.markdown:
-        details = "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
+        details = SERVERS + "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
         append_section(args.markdown, "bench_loads.py", sys.argv[1:], machine_line(), details, text)
     lost = [r for r in rows if r["server"] == "tandem" and (r["failed"] or r["restarts"])]
     sys.exit(1 if lost else 0)
