@@ -1,9 +1,10 @@
 """kvtransfer: the KV data plane between prefill and decode workers (see ../shared/DESIGN.md).
 
-DESIGN.md's `kvtransfer.KVConnector` seam comes in two halves,
-`connector.KVSenderBase` (prefill side) and `connector.KVReceiverBase` (decode
-side), implemented by `KVSender` and `KVReceiver` over ZMQ, optionally with a
-torch.distributed pair for tensor frames. Messages live in `kvtransfer.protocol`.
+The transports behind the engine's KV connector seam (`engine.kv_connector`, which
+each worker implements on its I/O thread): `connector.KVSenderBase` (prefill
+side) and `connector.KVReceiverBase` (decode side), implemented by `KVSender`
+and `KVReceiver` over ZMQ, optionally with a torch.distributed pair for tensor
+frames; neither ever blocks its thread. Messages live in `kvtransfer.protocol`.
 Names are imported lazily so that `import kvtransfer.protocol` needs neither torch nor ZMQ.
 """
 

@@ -57,7 +57,11 @@ async def _dispatcher(prefill, decode):
 
 
 async def _run(dispatcher: Dispatcher, prompt, sampling=GREEDY):
-    gen = await dispatcher.start(prompt, sampling)
+    return await tokens_of(await dispatcher.start(prompt, sampling))
+
+
+async def tokens_of(gen) -> tuple[list[int], object]:
+    """Every token of a started generation and its final delta; the generation is closed either way."""
     tokens, final = [], None
     try:
         async for chunk in gen.chunks():

@@ -26,7 +26,7 @@ from router.registry import WorkerRegistry
 from router.token_stream import TokenStreamConsumer
 from tests.conftest import hf_greedy
 from tests.e2e.harness import PROMPTS, wait_for
-from tests.router.test_dispatch import _local
+from tests.router.test_dispatch import _local, tokens_of
 
 GREEDY = SamplingSpec(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -153,17 +153,6 @@ def decode_actor(tiny_model_dirs):
     actor.shutdown()
 
 
-async def _tokens(gen) -> tuple[list[int], object]:
-    tokens, final = [], None
-    try:
-        async for chunk in gen.chunks():
-            tokens += chunk.token_ids
-            final = chunk.final or final
-    finally:
-        gen.close()
-    return tokens, final
-
-
 def _free(actor) -> bool:
     return actor.is_idle() and actor.pool_all_free()
 
@@ -175,7 +164,7 @@ def test_with_no_prefill_worker_decode_prefills_and_the_output_is_greedy(decode_
             return results, reasons
 
     async def _run(dispatcher, prompt):
-        return await _tokens(await dispatcher.start(prompt, GREEDY))
+        return await tokens_of(await dispatcher.start(prompt, GREEDY))
 
     results, reasons = asyncio.run(main())
     for (tokens, final), name in zip(results, ("mid", "long")):
@@ -195,7 +184,7 @@ def test_a_request_caught_on_a_prefill_worker_that_dies_resumes_with_local_prefi
             gen = await dispatcher.start(prompt, GREEDY)
             assert gen.prefill is registry.workers["prefill-0"] and len(holding.tasks) == 1
             registry.mark_dead("prefill-0", "killed by the test")  # as the liveness verdict does
-            tokens, final = await _tokens(gen)
+            tokens, final = await tokens_of(gen)
             return gen, tokens, final, reasons
 
     gen, tokens, final, reasons = asyncio.run(main())
