@@ -1,21 +1,26 @@
 """The decoder layer's elementwise ops and its linear layer, PyTorch or native.
 
-`layer_ops(device, dtype)` picks the implementation once at model load: the
-native CPU kernels (engine/native) when they are built and the dtype is float32
-or bfloat16, else plain PyTorch, which is also the reference the native ops are
-tested against. Both follow the arithmetic of the Hugging Face modules.
+`layer_ops(device, dtype, linear_shapes)` picks the implementation once at model
+load: the native CPU kernels (engine/native) when they are built and the dtype is
+float32 or bfloat16, else plain PyTorch, which is also the reference the native
+ops are tested against. Both follow the arithmetic of the Hugging Face modules.
+Which linear kernel runs each row count is chosen by timing them on this machine
+(engine.layers.linear_choice).
 
 A linear weight goes through `prepare_weight` once after loading, and
-`linear(x, prepared, bias)` takes what it returned: the weight itself, or for
-native float32 a `PackedWeight` (see engine/native/csrc/packed_linear.cpp).
+`linear(x, prepared, bias)` takes what it returned: the weight itself, a
+`PackedWeight` for the native float32 packed kernel (see
+engine/native/csrc/packed_linear.cpp), or both forms (`LinearForms`) when the
+bands chose kernels that read each.
 """
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from engine.layers.linear_choice import Candidate, band_of, cached_choice, choose, cpu_signature, describe
 from engine.native import load_cpu_kernels
 
 Tensor = torch.Tensor
@@ -72,34 +77,66 @@ def make_packed_linear(kernels) -> tuple[Callable[[Tensor], PackedWeight], Calla
     return pack, linear
 
 
-def dense_weight(weight: Tensor | PackedWeight, kernels=None) -> Tensor:
+def dense_weight(weight, kernels=None) -> Tensor:
     """The [out, in] matrix of a prepared weight (for checks; packing is exact, so this is the checkpoint)."""
+    if isinstance(weight, LinearForms):
+        return weight.dense
     if isinstance(weight, PackedWeight):
         return (kernels or load_cpu_kernels()).unpack_linear_weight(weight.data, weight.out_features)
     return weight
 
 
-# Row counts where the native kernel beat BLAS GEMM on the dev CPU (2 threads, the
-# default model's layer shapes): 1.25x at 4 rows, 1.1x at 16; at 2 rows GEMM wins.
-SMALL_BATCH_ROWS = range(3, 17)
+@dataclass(frozen=True)
+class LinearForms:
+    """A weight kept in both forms, when the row-count bands chose kernels that read different ones."""
+
+    packed: PackedWeight
+    dense: Tensor
 
 
-def make_cpu_linear(kernels) -> Callable[..., Tensor]:
-    """F.linear for CPU by row count: one row as a matrix-vector product, a few rows
-    through the native kernel that streams the weight once (BLAS packs the weight
-    first, which for a few rows costs more than the product), more rows as GEMM."""
+def _mv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    out = torch.mv(weight, x[0])[None]  # one row: a matrix-vector product
+    return out if bias is None else out + bias
 
-    def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-        rows = x.shape[0]
-        if rows == 1:
-            out = torch.mv(weight, x[0])[None]
-            return out if bias is None else out + bias
-        # Zero rows (a step of prompt chunks that sample nothing has no logits rows) go to F.linear.
-        if rows in SMALL_BATCH_ROWS and x.stride(-1) == 1:
-            return kernels.small_linear(x, weight, bias)
-        return F.linear(x, weight, bias)
 
-    return linear
+def linear_candidates(kernels, dtype: torch.dtype) -> list[Candidate]:
+    """The kernels that may run a linear of `dtype` on the CPU (see engine.layers.linear_choice)."""
+
+    def few(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        return kernels.small_linear(x if x.stride(-1) == 1 else x.contiguous(), weight, bias)
+
+    candidates = [Candidate("dense", "dense", F.linear), Candidate("mv", "dense", _mv, max_rows=1),
+                  Candidate("few", "dense", few, max_rows=16)]  # fmt: skip
+    if dtype == torch.float32:
+        _, packed = make_packed_linear(kernels)
+        candidates.append(Candidate("packed", "packed", packed))
+    return candidates
+
+
+def chosen_linear(kernels, dtype: torch.dtype, shapes: Sequence[tuple[int, int]],
+                  choice: Sequence[str] | None = None) -> tuple[Callable, Callable, str]:  # fmt: skip
+    """(linear, prepare_weight, description): per band of row counts, the kernel timed fastest on these
+    shapes (or `choice`, a candidate name per band, as given: tests)."""
+    candidates = {c.name: c for c in linear_candidates(kernels, dtype)}
+    pack, _ = make_packed_linear(kernels)
+    makers = {"dense": lambda w: w, "packed": pack}
+    key = [cpu_signature(), f"threads {torch.get_num_threads()}", str(dtype), f"torch {torch.__version__}",
+           kernels.__name__, " ".join(sorted(candidates)), repr(sorted(set(shapes)))]  # fmt: skip
+    if choice is None:
+        choice = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(shapes)), dtype, makers))
+    by_band = [candidates[name] for name in choice]
+    forms = {c.form for c in by_band}
+
+    def prepare(weight: Tensor):
+        if forms == {"dense"}:
+            return weight
+        return pack(weight) if forms == {"packed"} else LinearForms(pack(weight), weight)
+
+    def linear(x: Tensor, weight, bias: Tensor | None = None) -> Tensor:
+        kernel = by_band[band_of(x.shape[0])]
+        return kernel.run(x, getattr(weight, kernel.form) if isinstance(weight, LinearForms) else weight, bias)
+
+    return linear, prepare, describe(choice)
 
 
 @dataclass(frozen=True)
@@ -116,7 +153,11 @@ class LayerOps:
 TORCH_OPS = LayerOps(torch_rms_norm, torch_add_rms_norm, torch_rotary, torch_silu_and_mul, F.linear, "torch")
 
 
-def native_ops(kernels, dtype: torch.dtype = torch.bfloat16) -> LayerOps:
+def native_ops(kernels, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]],
+               linear_choice: Sequence[str] | None = None) -> LayerOps:  # fmt: skip
+    """The native elementwise ops, and for each band of row counts the linear kernel fastest here on
+    `linear_shapes` (the model's [out, in] weights), or the one `linear_choice` names."""
+
     def add_rms_norm(x, residual, weight, eps):
         return kernels.add_rms_norm(x, residual, weight, eps), residual  # residual updated in place
 
@@ -124,14 +165,12 @@ def native_ops(kernels, dtype: torch.dtype = torch.bfloat16) -> LayerOps:
         return kernels.rotary_(x, num_heads, cos, signed_sin)[:, :num_heads]
 
     elementwise = (kernels.rms_norm, add_rms_norm, rotary, kernels.silu_and_mul)
-    if dtype == torch.float32:
-        pack, linear = make_packed_linear(kernels)
-        return LayerOps(*elementwise, linear, "native, packed float32 linears", pack)
-    return LayerOps(*elementwise, make_cpu_linear(kernels), "native")
+    linear, prepare, chosen = chosen_linear(kernels, dtype, linear_shapes, linear_choice)
+    return LayerOps(*elementwise, linear, f"native; linears by rows: {chosen}", prepare)
 
 
-def layer_ops(device: str, dtype: torch.dtype) -> LayerOps:
+def layer_ops(device: str, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]] = ()) -> LayerOps:
     if device != "cpu":
         return TORCH_OPS
-    kernels = load_cpu_kernels() if dtype in (torch.float32, torch.bfloat16) else None
-    return TORCH_OPS if kernels is None else native_ops(kernels, dtype)
+    kernels = load_cpu_kernels() if dtype in (torch.float32, torch.bfloat16) and linear_shapes else None
+    return TORCH_OPS if kernels is None else native_ops(kernels, dtype, linear_shapes)

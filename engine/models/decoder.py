@@ -131,6 +131,10 @@ class DecoderForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """The [out, in] shape of every linear weight the layers hold (the kernels are chosen on these)."""
+        return sorted({tuple(m.weight.shape) for m in self.modules() if isinstance(m, PreparedLinear)})
+
     def prepare(self, ops: LayerOps) -> None:
         """After loading: use `ops` and put every linear weight in the form its `linear` takes.
 

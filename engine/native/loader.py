@@ -82,7 +82,11 @@ def _module_name() -> str:
     # versions) never share a build directory in the extensions cache. The directory counts
     # because the build commands name the sources by path: two checkouts of the same sources
     # under one name would make each build look stale to the other, rebuilt on every load.
-    digest = hashlib.blake2b(" ".join([*_FLAGS, str(_CSRC.resolve())]).encode(), digest_size=6)
+    # The CPU counts too (the build is for its instruction set: -march=native), so a cache shared between
+    # machines never hands an AVX-512 build to an AVX2-only CPU.
+    from engine.layers.linear_choice import cpu_signature
+
+    digest = hashlib.blake2b(" ".join([*_FLAGS, str(_CSRC.resolve()), cpu_signature()]).encode(), digest_size=6)
     for source in _SOURCES + _HEADERS:
         digest.update(source.read_bytes())
     return f"tandem_cpu_kernels_{digest.hexdigest()}"

@@ -10,8 +10,11 @@ from engine.native import load_cpu_kernels
 
 kernels = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels could not be built here")
-NATIVE = ops.native_ops(kernels) if kernels is not None else None  # bfloat16's linear: dense weights
-NATIVE_F32 = ops.native_ops(kernels, torch.float32) if kernels is not None else None  # packed weights
+SHAPES = [(24, 40)]
+PACKED = ("packed",) * 6  # every band of row counts on the native packed kernel
+MIXED = ("mv", "few", "few", "dense", "packed", "packed")  # each candidate somewhere: both weight forms kept
+NATIVE = ops.native_ops(kernels, torch.float32, SHAPES, MIXED) if kernels is not None else None
+NATIVE_F32 = ops.native_ops(kernels, torch.float32, SHAPES, PACKED) if kernels is not None else None
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -83,11 +86,24 @@ def test_write_kv_cache_rejects_slot_outside_cache():
         kernels.write_kv_cache(kv, kv, cache, cache.clone(), torch.tensor([8]))
 
 
-@pytest.mark.parametrize("rows", [0, 1, 3, 8, 9])  # 0: a step of prompt chunks that samples nothing
-def test_cpu_linear_matches_f_linear(rows):
+@pytest.mark.parametrize("rows", [0, 1, 3, 8, 9, 40, 100, 300])  # 0: a step of prompt chunks that samples nothing
+def test_each_band_runs_its_chosen_kernel_and_all_match_f_linear(rows):
     x, w, b = torch.randn(rows, 40), torch.randn(24, 40), torch.randn(24)
-    _close(NATIVE.linear(x, w, b), F.linear(x, w, b), torch.float32)
-    _close(NATIVE.linear(x, w), F.linear(x, w), torch.float32)
+    prepared = NATIVE.prepare_weight(w)
+    assert isinstance(prepared, ops.LinearForms) and torch.equal(ops.dense_weight(prepared), w)
+    _close(NATIVE.linear(x, prepared, b), F.linear(x, w, b), torch.float32)
+    _close(NATIVE.linear(x, prepared), F.linear(x, w), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 4, 16, 33])
+def test_every_candidate_matches_f_linear(dtype, rows):
+    x, w, b = (torch.randn(*shape).to(dtype) for shape in ((rows, 40), (24, 40), (24,)))
+    pack, _ = ops.make_packed_linear(kernels)
+    for candidate in ops.linear_candidates(kernels, dtype):
+        if candidate.max_rows >= rows:
+            weight = pack(w) if candidate.form == "packed" else w
+            _close(candidate.run(x, weight, b), F.linear(x, w, b), dtype)
 
 
 # Rows: none, one, a partial block, 16 (two blocks of 8), 25 (three blocks), many (L2 groups).

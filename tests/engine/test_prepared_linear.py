@@ -1,11 +1,12 @@
-"""A linear layer after `prepare(ops)`: the PyTorch ops keep the loaded parameter; packing replaces it."""
+"""A linear layer after `prepare(ops)`: the PyTorch ops keep the loaded parameter; packing replaces it,
+and a choice that reads both forms keeps one packed and one dense copy."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from engine.layers.linear import ColumnParallelLinear
-from engine.layers.ops import TORCH_OPS, PackedWeight, native_ops
+from engine.layers.ops import TORCH_OPS, LinearForms, PackedWeight, native_ops
 from engine.native import load_cpu_kernels
 from engine.parallel.shard import Slice
 
@@ -25,13 +26,17 @@ def test_torch_ops_keep_the_parameter():
     torch.testing.assert_close(layer.project(TORCH_OPS, x), F.linear(x, weight))
 
 
-def test_packing_replaces_the_parameter():
+def test_packing_replaces_the_parameter_and_a_mixed_choice_keeps_both_forms():
     kernels = load_cpu_kernels()
     if kernels is None:
         pytest.skip("native CPU kernels could not be built here")
-    ops, weight, x = native_ops(kernels, torch.float32), torch.randn(40, 24), torch.randn(3, 24)
-    layer = _linear(weight)
-    layer.prepare(ops)
-    assert layer.weight is None and isinstance(layer.kernel_weight, PackedWeight)
-    assert torch.equal(layer.dense_weight(), weight)
-    torch.testing.assert_close(layer.project(ops, x), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+    weight, x = torch.randn(40, 24), torch.randn(3, 24)
+    for choice, form in ((("packed",) * 6, PackedWeight), (("dense",) * 6, torch.Tensor),
+                         (("mv",) + ("packed",) * 5, LinearForms)):  # fmt: skip
+        ops = native_ops(kernels, torch.float32, [(40, 24)], choice)
+        layer = _linear(weight)
+        layer.prepare(ops)
+        assert isinstance(layer.kernel_weight, form)
+        assert (layer.weight is None) == (form is not torch.Tensor)  # one dense copy at most, wherever it is
+        assert torch.equal(layer.dense_weight(), weight)
+        torch.testing.assert_close(layer.project(ops, x), F.linear(x, weight), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,153 @@
+"""Which linear kernel runs each row count, chosen by timing them on the machine at hand.
+
+What is fastest depends on the CPU: on an AVX-512 Xeon the native packed float32
+kernel beat BLAS at every row count; on an AVX2-only EPYC it made prefill 2.4x
+slower; on an AVX512-BF16 EPYC BLAS's bfloat16 GEMM beats the native few-rows
+kernel that was tuned elsewhere. So the first time a worker starts on a machine
+it times every candidate on the model's own linear shapes, for each band of row
+counts (one row per sequence when decoding, up to a whole prefill chunk), with
+the worker's torch threads, and keeps the fastest per band:
+
+    candidates (by dtype)            the weight they read
+    packed   native packed kernel    PackedWeight (float32 only)
+    dense    F.linear (BLAS/oneDNN)  the [out, in] weight
+    mv       torch.mv                the [out, in] weight (one row only)
+    few      native few-rows kernel  the [out, in] weight (up to 16 rows)
+
+The choice is cached (`~/.cache/tandem/kernel-choice/`, or $TANDEM_CACHE_DIR),
+keyed by the CPU model and instruction set, the threads, the dtype, the shapes
+and the native kernels' source version, and logged. A weight is kept in every
+form some band's choice reads: one form when every band agrees, both (the
+packed and the dense copy) when they do not.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+logger = logging.getLogger("tandem.engine")
+
+Tensor = torch.Tensor
+
+# (first row count, last row count, the row count timed for the band)
+BANDS: tuple[tuple[int, int, int], ...] = ((1, 1, 1), (2, 4, 3), (5, 16, 10), (17, 64, 40), (65, 256, 160),
+                                           (257, 1 << 30, 1024))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    form: str  # which form of the weight it reads ("packed" or "dense")
+    run: Callable[..., Tensor]  # (x, weight in that form, bias) -> x @ weight.T + bias
+    max_rows: int = 1 << 30
+
+
+def band_of(rows: int) -> int:
+    """The index of the band `rows` falls in (0 rows: the last band's kernel copes with any)."""
+    for i, (first, last, _) in enumerate(BANDS):
+        if first <= rows <= last:
+            return i
+    return len(BANDS) - 1
+
+
+def choose(candidates: Sequence[Candidate], shapes: Sequence[tuple[int, int]], dtype: torch.dtype,
+           prepare: dict[str, Callable[[Tensor], object]], timer: Callable[[Callable[[], object]], float] | None = None,
+           ) -> tuple[str, ...]:  # fmt: skip
+    """The fastest candidate's name per band, summed over `shapes` ([out, in] each); `prepare[form]` makes a form."""
+    timer = timer or median_time
+    weights = [torch.randn(out, inp, dtype=torch.float32).to(dtype) for out, inp in shapes]
+    forms = {form: [prepare[form](w) for w in weights] for form in {c.form for c in candidates}}
+    choice = []
+    for first, last, rows in BANDS:
+        xs = [torch.randn(rows, inp, dtype=torch.float32).to(dtype) for _, inp in shapes]
+        able = [c for c in candidates if c.max_rows >= last]  # it must take every row count of the band
+        times = {c.name: sum(timer(lambda c=c, i=i: c.run(xs[i], forms[c.form][i], None)) for i in range(len(shapes)))
+                 for c in able}  # fmt: skip
+        choice.append(min(times, key=times.get))
+    return tuple(choice)
+
+
+def median_time(fn: Callable[[], object], repeats: int = 5) -> float:
+    fn()  # warm: first-touch allocations, lazy initialisation
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def cached_choice(key_parts: Sequence[str], compute: Callable[[], tuple[str, ...]]) -> tuple[str, ...]:
+    """`compute()` once per machine and key; later starts read the answer from the cache.
+
+    Workers starting together on one machine time one after another (a file lock), not at once on
+    shared cores: the first times, the others read its answer."""
+    key = hashlib.blake2b("\n".join(key_parts).encode(), digest_size=10).hexdigest()
+    path = _cache_dir() / f"{key}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "w")
+    except OSError as err:  # nowhere to cache (a read-only home): time now, again next start
+        logger.warning("cannot cache the kernel choice at %s: %s", path.parent, err)
+        return compute()
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _read(path) or _compute_and_write(path, key_parts, compute)
+
+
+def _read(path: Path) -> tuple[str, ...] | None:
+    try:
+        cached = json.loads(path.read_text())
+        return tuple(cached["choice"]) if len(cached["choice"]) == len(BANDS) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _compute_and_write(path: Path, key_parts: Sequence[str], compute: Callable[[], tuple[str, ...]]) -> tuple:
+    start = time.perf_counter()
+    choice = compute()
+    logger.info("linear kernels timed on this machine in %.1fs: %s", time.perf_counter() - start, describe(choice))
+    try:
+        path.write_text(json.dumps({"key": list(key_parts), "bands": [b[:2] for b in BANDS], "choice": choice}))
+    except OSError as err:  # a read-only home: time again next start
+        logger.warning("cannot cache the kernel choice at %s: %s", path, err)
+    return choice
+
+
+def describe(choice: Sequence[str]) -> str:
+    def rows(first: int, last: int) -> str:
+        return "1 row" if last == 1 else f"{first}+ rows" if last >= 1 << 30 else f"{first}-{last} rows"
+
+    return ", ".join(f"{rows(first, last)}: {name}" for (first, last, _), name in zip(BANDS, choice))
+
+
+def cpu_signature() -> str:
+    """The CPU model and the vector extensions a kernel may use (what a choice depends on)."""
+    model, flags = "unknown CPU", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+    return f"{model} [{' '.join(f for f in wanted if f in flags)}]"
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TANDEM_CACHE_DIR") or Path.home() / ".cache" / "tandem"
+    return Path(root) / "kernel-choice"
