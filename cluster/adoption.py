@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from cluster.actor_names import follower_name, group_name, parse_rank0
 from cluster.spec import ClusterSpec
 from cluster.workers import PoolWorker
-from engine.parallel.ray_group import TPActors
+from runtime.ray_group import TPActors
 
 
 @dataclass

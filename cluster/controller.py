@@ -4,7 +4,7 @@
     resume(...)      a restarted controller: adopt the workers found serving (`cluster.adoption`),
                      replace the broken ones, bring the pools back to their recorded sizes
     watch thread     every health.interval_s: each worker's heartbeats (`cluster.heartbeat`,
-                     judged by `kvtransfer.liveness`: several misses, not one slow answer) and
+                     judged by `wire.liveness`: several misses, not one slow answer) and
                      the router's view of it; a dead worker is replaced on a thread of its own:
                      unregister (the router migrates its requests), kill, wait out a backoff
                      when it keeps dying soon after starting (`cluster.restart_backoff`),

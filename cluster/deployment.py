@@ -28,7 +28,7 @@ from cluster.controller_actor import ControllerClient, start_controller
 from cluster.reaper import reap
 from cluster.router_sync import RouterSync
 from cluster.spec import ClusterSpec, with_overrides
-from kvtransfer.socket_security import ClusterKey
+from wire.socket_security import ClusterKey
 
 logger = logging.getLogger("tandem.cluster")
 

@@ -1,4 +1,4 @@
-"""A worker's heartbeats as the controller reads them, judged by `kvtransfer.liveness`.
+"""A worker's heartbeats as the controller reads them, judged by `wire.liveness`.
 
 Every rank of a worker is probed on its own: rank 0 by its `load()` (a
 `WorkerLoad`, answered by the worker's I/O thread whatever its step loop does),
@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from kvtransfer.liveness import Liveness, LivenessPolicy
-from kvtransfer.protocol import WorkerLoad
+from wire.liveness import Liveness, LivenessPolicy
+from wire.requests import WorkerLoad
 
 # A follower's readiness says only that its process answers; rank 0's load carries the group's step health.
 FOLLOWER_ALIVE = WorkerLoad("follower", 0, 0, 0, 0, 0, 0.0)

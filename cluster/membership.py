@@ -24,8 +24,8 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from kvtransfer.codec import decode
-from kvtransfer.protocol import WorkerLoad
+from wire.codec import decode
+from wire.requests import WorkerLoad
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class RouterView:
     alive: bool
     draining: bool
     in_flight: int
-    load: bytes | None = None  # kvtransfer.codec WorkerLoad, as last refreshed
+    load: bytes | None = None  # wire.codec WorkerLoad, as last refreshed
 
     def as_state(self) -> tuple:
         """(alive, draining, in_flight, WorkerLoad or None): the shape `cluster.status` reads."""

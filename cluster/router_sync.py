@@ -16,7 +16,7 @@ import asyncio
 import logging
 
 from cluster.membership import RouterView, WantedWorker
-from kvtransfer.codec import encode
+from wire.codec import encode
 
 logger = logging.getLogger("tandem.cluster")
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvtransfer.liveness import LivenessPolicy
+from wire.liveness import LivenessPolicy
 from router.policy import POLICIES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -98,7 +98,7 @@ class HealthSpec(_Strict):
     Every `interval_s` the controller reads each rank's heartbeat (rank 0's `load()`, a
     tensor-parallel follower's Ray readiness), one call in flight per rank; a call unanswered
     for `timeout_s` is one miss (so is one router load poll, `RouterConfig.worker_call_timeout_s`).
-    `kvtransfer.liveness` decides death from misses and from what the answers say: busy is not dead.
+    `wire.liveness` decides death from misses and from what the answers say: busy is not dead.
     """
 
     interval_s: float = Field(1.0, gt=0)
@@ -171,13 +171,13 @@ class ClusterSpec(_Strict):
     health: HealthSpec = HealthSpec()
     autoscale: AutoscaleSpec = AutoscaleSpec()
     # The CURVE key every internal socket authenticates with ("<public>:<secret>", Z85); "": the
-    # deployment generates one per cluster (kvtransfer.socket_security).
+    # deployment generates one per cluster (wire.socket_security).
     cluster_key: str = Field("", repr=False)
 
     @field_validator("cluster_key")
     @classmethod
     def _key_format(cls, text: str) -> str:
-        from kvtransfer.socket_security import ClusterKey
+        from wire.socket_security import ClusterKey
 
         return ClusterKey.parse(text).encoded() if text else text
 

@@ -1,6 +1,6 @@
 """A tensor-parallel worker whose ranks and placement group outlive the controller actor that starts it.
 
-The same start as `engine.parallel.ray_group.start_tp_actors` (one STRICT_PACK
+The same start as `runtime.ray_group.start_tp_actors` (one STRICT_PACK
 group, n actors, rank 0's rendezvous address, every rank's `start` at once,
 then `attach_followers`), with every rank named in the deployment's namespace
 and detached, and the placement group named and detached too (`cluster.actor_names`):
@@ -12,7 +12,7 @@ namespace it is `start_tp_actors` itself.
 from __future__ import annotations
 
 from cluster.actor_names import detached, follower_name, group_name, rank0_name
-from engine.parallel.ray_group import BUNDLE, TPActors, start_tp_actors
+from runtime.ray_group import BUNDLE, TPActors, start_tp_actors
 
 
 def start_named_tp(rank0_cls, follower_cls, engine_args, config, torch_threads, timeout_s: float,

@@ -6,12 +6,12 @@ STRICT_PACK placement group (TP=n), whose rank 0 is its face. With
 node's Ray address, so prefill workers on other machines reach them. `launch` returns
 at once for TP=1 (the actor builds its engine in the background; `wait_ready`
 waits for it); a TP group is ready when `launch` returns. The router calls a
-worker over its rank 0's control socket (`endpoint`, kvtransfer.control_client),
+worker over its rank 0's control socket (`endpoint`, router.control_client),
 bound on loopback or, with `data_plane: node_ip`, on the node's address; Ray
 stays for the lifecycle (start, health, stop).
 
 Each worker process gets the cluster's key (spec.cluster_key) in its environment,
-through Ray's runtime_env, for its internal sockets (kvtransfer.socket_security).
+through Ray's runtime_env, for its internal sockets (wire.socket_security).
 
 Launched with a namespace (the deployment's), every rank and the placement
 group are named and detached (`cluster.actor_names`): they outlive the
@@ -36,11 +36,11 @@ from cluster.tp_launch import start_named_tp
 from decode_worker.actor import DecodeActor, DecodeFollowerActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine.llm_engine import EngineArgs
-from kvtransfer.codec import decode
-from kvtransfer.control_client import control_endpoint
-from kvtransfer.handoff import AsyncEncodedCalls
-from kvtransfer.protocol import WorkerLoad
-from kvtransfer.socket_security import ClusterKey, worker_runtime_env
+from wire.codec import decode
+from router.control_client import control_endpoint
+from router.handoff import AsyncEncodedCalls
+from wire.requests import WorkerLoad
+from wire.socket_security import ClusterKey, worker_runtime_env
 from prefill_worker.actor import PrefillActor, PrefillFollowerActor
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.actor import ACTOR_OPTIONS
@@ -69,7 +69,7 @@ class PoolWorker:
     name: str
     role: str  # "prefill" | "decode"
     rank0: object  # the Ray actor handle the router calls
-    tp: object | None = None  # engine.parallel.ray_group.TPActors when tensor-parallel
+    tp: object | None = None  # runtime.ray_group.TPActors when tensor-parallel
     node_id: str = ""
     restarts: int = 0
     quick_deaths: int = 0  # deaths in a row soon after starting (`cluster.restart_backoff`)

@@ -13,12 +13,12 @@ from decode_worker.follower import DecodeFollower
 from decode_worker.kv_receiving import KVReceiving
 from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
 from engine.llm_engine import EngineArgs, LLMEngine
-from engine.parallel.ray_group import TPActors, start_tp_actors
-from kvtransfer.codec import decode, encode
-from kvtransfer.engine_bridge import kv_spec_for
-from kvtransfer.protocol import FirstToken, GenerateRequest, PrefillFailed
+from runtime.ray_group import TPActors, start_tp_actors
+from wire.codec import decode, encode
+from runtime.engine_bridge import kv_spec_for
+from wire.requests import FirstToken, GenerateRequest, PrefillFailed
 from kvtransfer.receiver import KVReceiver
-from kvtransfer.token_stream import PullSocket, Pushers
+from wire.push_pull import PullSocket, Pushers
 from runtime.actor import ACTOR_OPTIONS, WorkerActor
 from runtime.control_service import ControlService, request_id_arg
 from runtime.follower import FollowerActor

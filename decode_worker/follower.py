@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from decode_worker.kv_receiving import ExpectKV, KVEnded, KVReceiving
 from engine.parallel.follower import TPFollower
-from kvtransfer.codec import encode
-from kvtransfer.engine_bridge import kv_spec_for
-from kvtransfer.protocol import DropShard, ExpectShard, RankEndpoint
-from kvtransfer.rank_links import RankControl
+from wire.codec import encode
+from runtime.engine_bridge import kv_spec_for
+from wire.ranks import DropShard, ExpectShard, RankEndpoint
+from runtime.rank_links import RankControl
 from kvtransfer.receiver import KVReceiver
 from runtime.follower import FollowerRole
 from runtime.io_thread import IOThread

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from kvtransfer.protocol import DecodeReservation
+from wire.requests import DecodeReservation
 from runtime.control_service import Call
 
 

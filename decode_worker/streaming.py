@@ -11,8 +11,8 @@ import dataclasses
 
 from decode_worker.records import DecodeRecord
 from engine.outputs import RequestOutput
-from kvtransfer.engine_bridge import token_logprobs
-from kvtransfer.protocol import TokenDelta
+from runtime.engine_bridge import token_logprobs
+from wire.requests import TokenDelta
 
 
 def output_delta(out: RequestOutput, already_streamed: int = 0) -> TokenDelta | None:

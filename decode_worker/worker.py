@@ -39,23 +39,13 @@ from decode_worker.records import TRANSITIONS, DecodeRecord, Event, Phase
 from decode_worker.streaming import final_delta, output_delta, spliced
 from engine.llm_engine import EngineStepError, LLMEngine
 from engine.remote_kv import NoFreeBlocks, admit_remote_kv, count_uncached_tokens, fail_remote_kv, reserve_remote_kv
-from kvtransfer.codec import decode
+from wire.codec import decode
 from kvtransfer.connector import TransferTimeouts
-from kvtransfer.engine_bridge import sampling_params
-from kvtransfer.protocol import (
-    DecodeReservation,
-    DropShard,
-    ExpectShard,
-    FirstToken,
-    GenerateRequest,
-    RankAck,
-    RankEndpoint,
-    ReserveRefused,
-    ShardEnded,
-    WorkerLoad,
-)
-from kvtransfer.rank_links import RankLinks
-from kvtransfer.token_stream import PullSocket, Pushers
+from runtime.engine_bridge import sampling_params
+from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ShardEnded
+from wire.requests import DecodeReservation, FirstToken, GenerateRequest, ReserveRefused, WorkerLoad
+from runtime.rank_links import RankLinks
+from wire.push_pull import PullSocket, Pushers
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable

@@ -1,11 +1,11 @@
-"""kvtransfer: the KV data plane between prefill and decode workers (see ../shared/DESIGN.md).
+"""kvtransfer: the KV data plane between prefill and decode workers, KV bytes only (see docs/DESIGN.md).
 
 The transports behind the engine's KV connector seam (`engine.kv_connector`, which
 each worker implements on its I/O thread): `connector.KVSenderBase` (prefill
 side) and `connector.KVReceiverBase` (decode side), implemented by `KVSender`
 and `KVReceiver` over ZMQ, optionally with a torch.distributed pair for tensor
-frames; neither ever blocks its thread. Messages live in `kvtransfer.protocol`.
-Names are imported lazily so that `import kvtransfer.protocol` needs neither torch nor ZMQ.
+frames; neither ever blocks its thread. Its messages live in `wire.kv`, the
+handshake's check in `kvtransfer.handshake`. Names are imported lazily.
 """
 
 import importlib
@@ -18,8 +18,8 @@ _EXPORTS = {
     "PeerTarget": "kvtransfer.connector",
     "TransferEvent": "kvtransfer.connector",
     "TransferTimeouts": "kvtransfer.connector",
-    "KVSpec": "kvtransfer.protocol",
-    "IncompatiblePeerError": "kvtransfer.protocol",
+    "KVSpec": "wire.kv",
+    "IncompatiblePeerError": "kvtransfer.handshake",
 }
 
 __all__ = list(_EXPORTS)

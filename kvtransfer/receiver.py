@@ -10,26 +10,15 @@ from dataclasses import dataclass, field
 import torch
 import zmq
 
-from kvtransfer.codec import DecodeError
+from wire.codec import DecodeError
 from kvtransfer.connector import KVReceiverBase, TransferEvent, TransferTimeouts
 from kvtransfer.dist_transport import RECEIVER_RANK, DistPair, host_store
 from kvtransfer.frames import FrameError, check_frame, frame_nbytes, scatter_runs, write_run
 from kvtransfer.lease import Clock
-from kvtransfer.protocol import (
-    PROTOCOL_VERSION,
-    Abort,
-    Heartbeat,
-    Hello,
-    IncompatiblePeerError,
-    KVChunk,
-    KVSpec,
-    Refused,
-    TransferDone,
-    Welcome,
-    check_hello,
-)
+from kvtransfer.handshake import IncompatiblePeerError, check_hello
+from wire.kv import PROTOCOL_VERSION, Abort, Heartbeat, Hello, KVChunk, KVSpec, Refused, TransferDone, Welcome
 from kvtransfer.reservation import Reservation
-from kvtransfer.socket_security import SMALL_MESSAGE_BYTES, refuse
+from wire.socket_security import SMALL_MESSAGE_BYTES, refuse
 from kvtransfer.zmq_transport import bind_router, decode_header, recv_parts, send_message
 
 logger = logging.getLogger("tandem.kvtransfer")

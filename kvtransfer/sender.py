@@ -15,14 +15,14 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from kvtransfer.codec import DecodeError
+from wire.codec import DecodeError
 from kvtransfer.connector import KVSenderBase, PeerTarget, TransferEvent, TransferTimeouts
 from kvtransfer.faults import HeldChunks, TransportFaults
 from kvtransfer.frames import Run, as_bytes, block_runs, frame_nbytes, gather_runs, run_tensor
 from kvtransfer.lease import Clock, LeaseTable
-from kvtransfer.protocol import Abort, Heartbeat, KVChunk, KVSpec, Refused, TransferDone, Welcome
+from wire.kv import Abort, Heartbeat, KVChunk, KVSpec, Refused, TransferDone, Welcome
 from kvtransfer.sender_link import SenderLink, hello_for
-from kvtransfer.socket_security import refuse
+from wire.socket_security import refuse
 from kvtransfer.zmq_transport import decode_header, recv_parts, send_message
 
 logger = logging.getLogger("tandem.kvtransfer")

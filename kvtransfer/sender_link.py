@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from kvtransfer.dist_transport import SENDER_RANK, DistPair, join_store
-from kvtransfer.protocol import PROTOCOL_VERSION, Hello, KVSpec, Refused, Welcome, compat_hash
+from wire.kv import PROTOCOL_VERSION, Hello, KVSpec, Refused, Welcome, compat_hash
 from kvtransfer.zmq_transport import connect_dealer, send_message
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import zmq
 
-from kvtransfer.codec import decode, encode
-from kvtransfer.socket_security import bind_secured, connect_secured
+from wire.codec import decode, encode
+from wire.socket_security import bind_secured, connect_secured
 
 # pyzmq copies frames smaller than this anyway; above it, zero-copy is worth the tracking cost.
 _ZERO_COPY_MIN_BYTES = 64 * 1024

@@ -1,5 +1,6 @@
-"""prefill_worker: an engine in the prefill role plus a KV sender (see ../shared/DESIGN.md).
+"""prefill_worker: an engine in the prefill role plus a KV sender (see docs/DESIGN.md).
 
-`worker.PrefillWorker` is the plain class (steppable from a test); `actor.PrefillActor`
-is its Ray actor shell. It meets decode workers only through `kvtransfer` messages.
+`worker.PrefillWorker` is the loop-thread logic (steppable from a test), `records` its
+per-request state machine, `kv_sending` the KV service on the I/O thread; `actor.PrefillActor`
+hosts it in a Ray actor. It meets decode workers only through `wire` messages.
 """

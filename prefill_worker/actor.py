@@ -10,12 +10,12 @@ builds the worker itself (for an actor, or a test that hosts it in-process).
 from __future__ import annotations
 
 from engine.llm_engine import EngineArgs, LLMEngine
-from engine.parallel.ray_group import TPActors, start_tp_actors
-from kvtransfer.codec import decode
-from kvtransfer.engine_bridge import kv_spec_for
-from kvtransfer.protocol import PrefillTask
+from runtime.ray_group import TPActors, start_tp_actors
+from wire.codec import decode
+from runtime.engine_bridge import kv_spec_for
+from wire.requests import PrefillTask
 from kvtransfer.sender import KVSender
-from kvtransfer.token_stream import Pushers
+from wire.push_pull import Pushers
 from prefill_worker.follower import PrefillFollower
 from prefill_worker.kv_sending import KVSending
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig

@@ -16,10 +16,10 @@ after the commands the forward thread queued before rank 0 sent it
 from __future__ import annotations
 
 from engine.parallel.follower import TPFollower
-from kvtransfer.codec import decode, encode
-from kvtransfer.engine_bridge import kv_spec_for
-from kvtransfer.protocol import DropShard, RankEndpoint, ShardOrders
-from kvtransfer.rank_links import RankControl
+from wire.codec import decode, encode
+from runtime.engine_bridge import kv_spec_for
+from wire.ranks import DropShard, RankEndpoint, ShardOrders
+from runtime.rank_links import RankControl
 from kvtransfer.sender import KVSender
 from prefill_worker.kv_sending import KVSending, SendLayer, StartSend, TransferEnded
 from runtime.follower import FollowerRole

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from kvtransfer.protocol import ShardOrder
+from wire.ranks import ShardOrder
 from kvtransfer.sender import KVSender
 from prefill_worker.pieces import start_pieces
 

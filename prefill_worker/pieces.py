@@ -10,7 +10,7 @@ request's blocks once every transfer of `transfers_of` has ended.
 from __future__ import annotations
 
 from kvtransfer.connector import PeerTarget
-from kvtransfer.protocol import ShardOrder
+from wire.ranks import ShardOrder
 from kvtransfer.resharding import pieces_from, plan
 from kvtransfer.sender import KVSender
 

@@ -23,7 +23,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.request import Request
-from kvtransfer.protocol import PrefillTask
+from wire.requests import PrefillTask
 
 
 class Phase(enum.Enum):

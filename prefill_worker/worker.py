@@ -33,24 +33,14 @@ from engine.llm_engine import EngineStepError, LLMEngine
 from engine.outputs import RequestOutput
 from engine.remote_kv import add_prefill_request, release_blocks
 from engine.scheduler import SchedulerOutput
-from kvtransfer.codec import decode, encode
+from wire.codec import decode, encode
 from kvtransfer.connector import TransferTimeouts
-from kvtransfer.engine_bridge import sampling_params, token_logprobs
+from runtime.engine_bridge import sampling_params, token_logprobs
 from kvtransfer.faults import TransportFaults
-from kvtransfer.protocol import (
-    DropShard,
-    FirstToken,
-    PrefillFailed,
-    PrefillTask,
-    RankAck,
-    RankEndpoint,
-    ShardOrder,
-    ShardOrders,
-    TokenDelta,
-    WorkerLoad,
-)
-from kvtransfer.rank_links import RankLinks
-from kvtransfer.token_stream import Pushers
+from wire.ranks import DropShard, RankAck, RankEndpoint, ShardOrder, ShardOrders
+from wire.requests import FirstToken, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
+from runtime.rank_links import RankLinks
+from wire.push_pull import Pushers
 from prefill_worker.kv_sending import ReleaseSend, SendLayer, SendReleased, StartSend, TransferEnded
 from prefill_worker.pieces import transfers_of
 from prefill_worker.records import TRANSITIONS, Event, Phase, PrefillRecord

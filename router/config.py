@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtransfer.handoff import HandoffTimeouts
-from kvtransfer.liveness import LivenessPolicy
-from kvtransfer.socket_security import ClusterKey
+from router.handoff import HandoffTimeouts
+from wire.liveness import LivenessPolicy
+from wire.socket_security import ClusterKey
 from router.local_prefill import LocalPrefillRule
 
 

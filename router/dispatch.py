@@ -4,7 +4,7 @@
       pick decode (free blocks) and prefill (the routing policy; none when no prefill worker can take it:
                `router.local_prefill`, then the request carries `local_prefill` and decode prefills it);
                in_flight += 1 on each
-      handoff: `kvtransfer.handoff.start_request_async` (reserve on decode, retry while full,
+      handoff: `router.handoff.start_request_async` (reserve on decode, retry while full,
                PrefillTask to prefill; abort both on failure)
     Generation.chunks()   tokens in order from the token stream
       decode's first token (the second one) or the final delta -> prefill's part is over (the prompt's
@@ -32,8 +32,8 @@ import os
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
-from kvtransfer.handoff import HandoffTimeouts, abort_request_async, start_request_async
-from kvtransfer.protocol import GenerateRequest, SamplingSpec, TokenDelta
+from router.handoff import HandoffTimeouts, abort_request_async, start_request_async
+from wire.requests import GenerateRequest, SamplingSpec, TokenDelta
 from router.local_prefill import LocalPrefillRule, choose_prefill
 from router.migration import resumed_request
 from router.registry import WorkerFailed, WorkerRegistry

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvtransfer.handoff import HandoffError
+from router.handoff import HandoffError
 from router.registry import NoLiveWorker, WorkerFailed
 from router.token_stream import StreamFailed
 

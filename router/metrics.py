@@ -21,7 +21,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from kvtransfer.socket_security import refusals
+from wire.socket_security import refusals
 from router.registry import WorkerRegistry
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -128,7 +128,7 @@ class _WorkerCollector:
 
 
 class _RefusalCollector:
-    """What this process's internal sockets refused (`kvtransfer.socket_security.refusals`), by socket and reason."""
+    """What this process's internal sockets refused (`wire.socket_security.refusals`), by socket and reason."""
 
     def collect(self):
         family = CounterMetricFamily("tandem:internal_messages_refused",

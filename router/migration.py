@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvtransfer.protocol import GenerateRequest
+from wire.requests import GenerateRequest
 
 
 def resumed_request(original: GenerateRequest, delivered: list[int], attempt: int) -> GenerateRequest | None:

@@ -11,7 +11,7 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from kvtransfer.protocol import SamplingSpec
+from wire.requests import SamplingSpec
 from router.api_models import _GenerationFields
 from router.errors import APIError, bad_request
 from router.serving import RunningRequest

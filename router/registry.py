@@ -7,7 +7,7 @@ controller) on that loop (`RouterServer.call_soon` from another thread).
 Busy is not dead. A worker leaves the pool (marked dead: the routing policy
 forgets it and the dispatcher resumes the requests it held elsewhere) only
   - when unregistered, or
-  - on a verdict of its `kvtransfer.liveness.Liveness`, fed by the periodic `load()`
+  - on a verdict of its `wire.liveness.Liveness`, fed by the periodic `load()`
     poll (the heartbeat): misses in a row with its address refusing connections or
     silent for long, a wedged step, steps failing in a row.
 A call that fails (a dispatch call or one heartbeat: timeout, connection down,
@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Callable, Sequence
 
-from kvtransfer.liveness import Liveness, LivenessPolicy
+from wire.liveness import Liveness, LivenessPolicy
 from router.policy import RoutingPolicy, make_decode_policy
 from router.worker_state import Role, WorkerState
 

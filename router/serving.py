@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from kvtransfer.protocol import SamplingSpec, TokenDelta, TokenLogprob
+from wire.requests import SamplingSpec, TokenDelta, TokenLogprob
 from router.detokenize import TextStream
 from router.dispatch import Dispatcher, Generation
 from router.errors import APIError, from_dispatch, internal_error

@@ -4,7 +4,7 @@ Workers PUSH `TokenDelta`s (msgpack, never pickle) to `address`; a reader on
 the router's event loop (the socket's FD) decodes them and hands each to the `RequestOutputs`
 of its request. Deltas of one request come from two workers (prefill sends the
 first token, decode the rest) and may cross: `RequestOutputs.chunks()` puts
-them back in order, like `kvtransfer.token_stream.TokenStream` does for a
+them back in order, like `wire.push_pull.TokenStream` does for a
 synchronous reader, and ends once the final delta and every token before it
 have arrived. Deltas for a request nobody waits for (it was aborted) are dropped.
 
@@ -25,9 +25,9 @@ from typing import AsyncIterator
 
 import zmq
 
-from kvtransfer.codec import DecodeError, decode
-from kvtransfer.protocol import TokenDelta, TokenLogprob
-from kvtransfer.socket_security import ClusterKey, bind_secured, refuse
+from wire.codec import DecodeError, decode
+from wire.requests import TokenDelta, TokenLogprob
+from wire.socket_security import ClusterKey, bind_secured, refuse
 
 logger = logging.getLogger("tandem.router")
 
@@ -139,7 +139,7 @@ class TokenStreamConsumer:
     """Bound on `start()` (on the router's loop); `open(request_id)` before the request is sent anywhere.
 
     `key`: the cluster key workers authenticate with (None: the process's, if any; see
-    `kvtransfer.socket_security`). Undecodable or wrong-type messages are refused and counted."""
+    `wire.socket_security`). Undecodable or wrong-type messages are refused and counted."""
 
     def __init__(self, address: str = "tcp://127.0.0.1:0", key: ClusterKey | None = None):
         self._bind_address, self._key = address, key

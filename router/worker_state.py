@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kvtransfer.liveness import Liveness
-from kvtransfer.protocol import WorkerLoad
+from wire.liveness import Liveness
+from wire.requests import WorkerLoad
 
 Role = Literal["prefill", "decode"]
 

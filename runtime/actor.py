@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from kvtransfer.codec import encode
+from wire.codec import encode
 from runtime.hosting import HostedWorker
 from runtime.load_board import LoadBoard
 
@@ -53,7 +53,7 @@ class WorkerActor:
 
     # ---- tensor parallel start-up --------------------------------------------------
     def free_init_addr(self) -> str:
-        from engine.parallel.ray_group import free_init_addr
+        from runtime.ray_group import free_init_addr
 
         return free_init_addr()
 

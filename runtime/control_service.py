@@ -21,10 +21,10 @@ from typing import Callable, Mapping
 
 import zmq
 
-from kvtransfer.codec import DecodeError, decode, encode
-from kvtransfer.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
-from kvtransfer.protocol import ControlCall, ControlReply
-from kvtransfer.socket_security import bind_secured, refuse
+from wire.codec import DecodeError, decode, encode
+from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
+from wire.control import ControlCall, ControlReply
+from wire.socket_security import bind_secured, refuse
 from runtime.load_board import LoadBoard
 
 logger = logging.getLogger("tandem.runtime")

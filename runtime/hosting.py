@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 from runtime.load_board import LoadBoard
 from runtime.loop import LoopWorker, WorkerLoop
 

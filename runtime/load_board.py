@@ -7,7 +7,7 @@
 
 Each field is replaced whole (one reference, or one float), so readers never
 see a half-written snapshot and nobody waits for the loop. This is how
-"busy" differs from "dead" (`kvtransfer.liveness`): the heartbeat is answered
+"busy" differs from "dead" (`wire.liveness`): the heartbeat is answered
 whatever the loop does, and says how long its current step has run.
 """
 
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kvtransfer.rank_links import RankControl
+from runtime.rank_links import RankControl
 from runtime.io_thread import IOThread
 
 

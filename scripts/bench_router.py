@@ -37,10 +37,10 @@ import aiohttp
 import httpx
 
 from decode_worker.actor import DECODE_CALLS
-from kvtransfer.control_client import control_endpoint
-from kvtransfer.handoff import start_request_async
-from kvtransfer.protocol import DecodeReservation, GenerateRequest, PrefillTask, SamplingSpec, TokenDelta, WorkerLoad
-from kvtransfer.token_stream import Pushers
+from router.control_client import control_endpoint
+from router.handoff import start_request_async
+from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, SamplingSpec, TokenDelta, WorkerLoad
+from wire.push_pull import Pushers
 from prefill_worker.actor import PREFILL_CALLS
 from router.policy import make_policy
 from router.registry import WorkerRegistry

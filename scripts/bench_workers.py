@@ -2,7 +2,7 @@
 
 Same requests, same total torch threads: the colocated actor gets `--threads`
 threads, each disaggregated actor half of them. All requests are started at
-once through the handoff (`kvtransfer.handoff.start_request`); the client
+once through the handoff (`router.handoff.start_request`); the client
 stamps each TokenDelta as it arrives on its ZMQ token stream. Reported: time
 to first token (submit to first token), inter-token latency (per request,
 first to last token over the gaps), wall time and output tokens/s. Each mode
@@ -28,10 +28,10 @@ from decode_worker.actor import start_decode_actor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs, SamplingParams
 from engine.model_source import resolve_model
-from kvtransfer.engine_bridge import sampling_spec
-from kvtransfer.handoff import EncodedCalls, start_request
-from kvtransfer.protocol import GenerateRequest
-from kvtransfer.token_stream import TokenStream
+from runtime.engine_bridge import sampling_spec
+from router.handoff import EncodedCalls, start_request
+from wire.requests import GenerateRequest
+from wire.push_pull import TokenStream
 from prefill_worker.actor import start_prefill_actor
 
 MODES = ("colocated", "disaggregated")

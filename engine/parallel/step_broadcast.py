@@ -8,56 +8,23 @@ One step is three broadcasts from rank 0, all ranks calling them in the same ord
                                                 slot_mapping | block_tables (S x W)
 
 Followers need no sampling state (rank 0 alone samples), so the header carries
-only shapes and the attention metadata's host tuples. Typed msgpack, never pickle.
+only shapes and the attention metadata's host tuples (`wire.step`, the one codec, never pickle).
 `attachment` is opaque bytes for the layer above the engine (a prefill worker
 tells its followers which KV transfers this step starts); the engine never reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
-import msgpack
 import torch
 import torch.distributed as dist
 
 from engine.attention import AttentionMetadata
 from engine.model_input import ModelInput
 from engine.parallel.group import TPGroup
+from wire import codec
+from wire.step import Shutdown, StepHeader
 
 SRC = 0
-
-
-@dataclass(frozen=True)
-class StepHeader:
-    num_tokens: int
-    num_decodes: int
-    table_width: int  # columns of block_tables
-    query_start_loc: tuple[int, ...]
-    seq_lens: tuple[int, ...]
-    block_size: int
-    all_slots_valid: bool
-    attachment: bytes = b""
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    """Rank 0 is closing the engine: followers leave their loop."""
-
-
-_MESSAGES = {cls.__name__: cls for cls in (StepHeader, Shutdown)}
-
-
-def encode(message: StepHeader | Shutdown) -> bytes:
-    return msgpack.packb({"type": type(message).__name__, **asdict(message)}, use_bin_type=True)
-
-
-def decode(data: bytes) -> StepHeader | Shutdown:
-    fields = msgpack.unpackb(data, use_list=False, raw=False)  # arrays come back as tuples
-    kind = fields.pop("type", None)
-    if kind not in _MESSAGES:
-        raise ValueError(f"unknown step message type {kind!r}")
-    return _MESSAGES[kind](**fields)
 
 
 class StepSender:
@@ -86,7 +53,7 @@ class StepSender:
         self._send_header(Shutdown())
 
     def _send_header(self, message: StepHeader | Shutdown) -> None:
-        data = torch.frombuffer(bytearray(encode(message)), dtype=torch.uint8)
+        data = torch.frombuffer(bytearray(codec.encode(message)), dtype=torch.uint8)
         dist.broadcast(torch.tensor([data.numel()], dtype=torch.int64), SRC, group=self.tp.cpu_group)
         dist.broadcast(data, SRC, group=self.tp.cpu_group)
 
@@ -124,4 +91,4 @@ class StepReceiver:
         dist.broadcast(length, SRC, group=self.tp.cpu_group)
         data = torch.empty(int(length.item()), dtype=torch.uint8)
         dist.broadcast(data, SRC, group=self.tp.cpu_group)
-        return decode(data.numpy().tobytes())
+        return codec.decode(data.numpy().tobytes(), (StepHeader, Shutdown))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from cluster.heartbeat import Answer
 from cluster.membership import Membership, RouterView
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 
 
 class FakeClock:

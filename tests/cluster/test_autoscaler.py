@@ -1,6 +1,6 @@
 from cluster.autoscaler import Autoscaler, PoolSignals, next_size, pool_signals
 from cluster.spec import AutoscaleSpec, PoolAutoscale
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 
 TARGET = PoolAutoscale(min_replicas=1, max_replicas=3, max_waiting_per_worker=4, max_kv_usage=0.8, max_latency_s=0.5)
 

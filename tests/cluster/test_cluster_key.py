@@ -6,7 +6,7 @@ import pytest
 
 from cluster.deployment import with_cluster_key
 from cluster.spec import ClusterSpec, SpecError, parse_spec
-from kvtransfer.socket_security import ENV_VAR, ClusterKey, worker_runtime_env
+from wire.socket_security import ENV_VAR, ClusterKey, worker_runtime_env
 
 
 def test_a_spec_without_a_key_gets_a_new_one_each_time_and_a_fixed_one_is_kept():

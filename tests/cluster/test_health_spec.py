@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.spec import SpecError, parse_spec
-from kvtransfer.liveness import LivenessPolicy
+from wire.liveness import LivenessPolicy
 
 
 def test_the_defaults_are_the_shared_liveness_policy():

@@ -10,8 +10,8 @@ import pytest
 from decode_worker.actor import decode_worker_maker
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs, SamplingParams
-from kvtransfer.handoff import HandoffError, HandoffTimeouts, abort_request, start_request
-from kvtransfer.token_stream import TokenStream
+from router.handoff import HandoffError, HandoffTimeouts, abort_request, start_request
+from wire.push_pull import TokenStream
 from prefill_worker.actor import prefill_worker_maker
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.hosting import HostedWorker

@@ -22,18 +22,9 @@ from decode_worker.records import TRANSITIONS, Phase
 from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
 from engine import EngineArgs, LLMEngine
 from kvtransfer.connector import TransferTimeouts
-from kvtransfer.engine_bridge import sampling_spec
-from kvtransfer.protocol import (
-    DecodeReservation,
-    DropShard,
-    ExpectShard,
-    FirstToken,
-    GenerateRequest,
-    PrefillFailed,
-    RankAck,
-    ReserveRefused,
-    ShardEnded,
-)
+from runtime.engine_bridge import sampling_spec
+from wire.ranks import DropShard, ExpectShard, RankAck, ShardEnded
+from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, ReserveRefused
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard
 from tests.conftest import hf_greedy

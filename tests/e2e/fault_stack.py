@@ -65,8 +65,8 @@ def leaked_blocks(ray, stack, survivors: list[str]) -> int:
     """Once every surviving worker is idle: the blocks they still hold (0 when nothing leaked)."""
     handles = [stack.actors[name] for name in survivors]
     wait_for(lambda: all(ray.get([a.is_idle.remote() for a in handles])), "the survivors to go idle", 90.0)
-    from kvtransfer.codec import decode
-    from kvtransfer.protocol import WorkerLoad
+    from wire.codec import decode
+    from wire.requests import WorkerLoad
 
     loads = [decode(payload, WorkerLoad) for payload in ray.get([a.load.remote() for a in handles])]
     return sum(load.total_blocks - load.free_blocks for load in loads)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from engine import SamplingParams
-from kvtransfer.engine_bridge import sampling_spec
-from kvtransfer.handoff import EncodedCalls, HandoffTimeouts, start_request
-from kvtransfer.protocol import GenerateRequest
-from kvtransfer.token_stream import StreamedRequest, TokenStream
+from runtime.engine_bridge import sampling_spec
+from router.handoff import EncodedCalls, HandoffTimeouts, start_request
+from wire.requests import GenerateRequest
+from wire.push_pull import StreamedRequest, TokenStream
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 _BASE = [(13 * i + 7) % 380 + 3 for i in range(120)]

@@ -8,8 +8,8 @@ import types
 from decode_worker.actor import start_decode_actor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from kvtransfer.control_client import control_endpoint
-from kvtransfer.socket_security import worker_runtime_env
+from router.control_client import control_endpoint
+from wire.socket_security import worker_runtime_env
 from prefill_worker.actor import start_prefill_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from router.app import create_app

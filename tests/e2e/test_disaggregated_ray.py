@@ -12,7 +12,7 @@ import itertools
 from decode_worker.actor import start_decode_actor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from kvtransfer.token_stream import TokenStream
+from wire.push_pull import TokenStream
 from prefill_worker.actor import start_prefill_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from tests.conftest import hf_greedy

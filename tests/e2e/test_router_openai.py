@@ -227,8 +227,8 @@ def test_kv_transfer_metrics_count_one_request_by_its_bytes(served):
 
     import ray
 
-    from kvtransfer.codec import decode
-    from kvtransfer.protocol import WorkerLoad
+    from wire.codec import decode
+    from wire.requests import WorkerLoad
 
     # K and V of one block in every layer, and the block size, read off the decode worker's real cache tensors.
     block_bytes, block_size = ray.get(served.actors[1].__ray_call__.remote(lambda actor: (

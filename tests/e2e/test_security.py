@@ -23,7 +23,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 
 from engine import EngineArgs
-from kvtransfer.socket_security import SMALL_MESSAGE_BYTES, ClusterKey, refusals
+from wire.socket_security import SMALL_MESSAGE_BYTES, ClusterKey, refusals
 from router.config import RouterConfig
 from tests.conftest import hf_greedy
 from tests.e2e.harness import wait_for

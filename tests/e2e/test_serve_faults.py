@@ -28,8 +28,8 @@ from transformers import AutoTokenizer
 
 from cluster.deployment import Deployment
 from cluster.spec import parse_spec
-from kvtransfer.codec import decode
-from kvtransfer.protocol import WorkerLoad
+from wire.codec import decode
+from wire.requests import WorkerLoad
 from tests.conftest import hf_greedy
 from tests.e2e.fault_stack import record
 from tests.e2e.harness import wait_for

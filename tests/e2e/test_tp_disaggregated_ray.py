@@ -19,8 +19,8 @@ from decode_worker.actor import start_decode_actor, start_decode_tp_actors
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
 from kvtransfer.connector import TransferTimeouts
-from kvtransfer.handoff import start_request
-from kvtransfer.token_stream import TokenStream
+from router.handoff import start_request
+from wire.push_pull import TokenStream
 from prefill_worker.actor import start_prefill_actor, start_prefill_tp_actors
 from prefill_worker.worker import PrefillWorkerConfig
 from tests.conftest import hf_greedy

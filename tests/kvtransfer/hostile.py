@@ -19,9 +19,9 @@ import time
 
 import zmq
 
-from kvtransfer.codec import encode
-from kvtransfer.protocol import Refused
-from kvtransfer.socket_security import ClusterKey, connect_secured
+from wire.codec import encode
+from wire.kv import Refused
+from wire.socket_security import ClusterKey, connect_secured
 
 # Each reason a refusal counter must show after `send_hostile` (see `socket_security.refusals`).
 EXPECTED_REASONS = ("malformed", "wrong_type", "dropped_connection", "unauthenticated", "bad_handshake")

@@ -8,8 +8,8 @@ import pytest
 import zmq
 
 from kvtransfer import KVReceiver, KVSender, KVSpec, PeerTarget, TransferTimeouts
-from kvtransfer.codec import encode
-from kvtransfer.protocol import PROTOCOL_VERSION, Hello, KVChunk, Refused, Welcome, compat_hash
+from wire.codec import encode
+from wire.kv import PROTOCOL_VERSION, Hello, KVChunk, Refused, Welcome, compat_hash
 from kvtransfer.resharding import pieces_from, rank_heads, shard_heads
 from kvtransfer.zmq_transport import connect_dealer, decode_header, send_message
 from tests.kvtransfer.peers import poll_until_event, random_caches, same_bits, serving, zero_caches

@@ -10,10 +10,11 @@ import pytest
 import zmq
 
 from kvtransfer import KVReceiver, KVSender, PeerTarget
-from kvtransfer.protocol import FirstToken, PrefillFailed, RankEndpoint, TokenDelta
-from kvtransfer.rank_links import RankControl, RankLinks
-from kvtransfer.socket_security import ENV_VAR, SMALL_MESSAGE_BYTES, ClusterKey, bind_secured, refusals
-from kvtransfer.token_stream import PullSocket, Pushers
+from wire.ranks import RankEndpoint
+from wire.requests import FirstToken, PrefillFailed, TokenDelta
+from runtime.rank_links import RankControl, RankLinks
+from wire.socket_security import ENV_VAR, SMALL_MESSAGE_BYTES, ClusterKey, bind_secured, refusals
+from wire.push_pull import PullSocket, Pushers
 from router.token_stream import TokenStreamConsumer
 from tests.kvtransfer.hostile import close_all, delta, send_hostile, wait_refused
 from tests.kvtransfer.peers import SPEC, random_caches, same_bits, serving, zero_caches

@@ -12,19 +12,10 @@ import time
 import pytest
 
 from engine import EngineArgs, LLMEngine
-from kvtransfer.codec import decode
-from kvtransfer.engine_bridge import sampling_spec
-from kvtransfer.protocol import (
-    DecodeReservation,
-    DropShard,
-    FirstToken,
-    GenerateRequest,
-    PrefillFailed,
-    PrefillTask,
-    RankAck,
-    ShardOrders,
-    TokenDelta,
-)
+from wire.codec import decode
+from runtime.engine_bridge import sampling_spec
+from wire.ranks import DropShard, RankAck, ShardOrders
+from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, PrefillTask, TokenDelta
 from prefill_worker.kv_sending import (
     ReleaseSend,
     SendLayer,

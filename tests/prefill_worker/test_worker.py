@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from engine import EngineArgs
-from kvtransfer.engine_bridge import kv_spec_for, sampling_spec
-from kvtransfer.protocol import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, PrefillTask
+from runtime.engine_bridge import kv_spec_for, sampling_spec
+from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, PrefillTask
 from kvtransfer.receiver import KVReceiver
-from kvtransfer.token_stream import PullSocket, TokenStream
+from wire.push_pull import PullSocket, TokenStream
 from prefill_worker.actor import prefill_worker_maker
 from prefill_worker.records import Phase
 from prefill_worker.worker import PrefillWorkerConfig

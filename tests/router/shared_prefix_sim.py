@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_pool import BlockPool, hash_token_blocks
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 from router.worker_state import WorkerState
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 from router.block_keys import block_keys
 from router.policy import CacheAware, CacheAwareConfig, make_policy
 from router.worker_state import WorkerState

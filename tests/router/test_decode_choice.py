@@ -1,6 +1,6 @@
 import pytest
 
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 from router.policy import make_decode_policy
 from router.worker_state import WorkerState
 

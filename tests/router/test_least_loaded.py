@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 from router.policy import make_policy
 from router.worker_state import WorkerState
 

@@ -17,8 +17,8 @@ import pytest
 from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from kvtransfer.control_client import WorkerGone
-from kvtransfer.protocol import DecodeReservation, SamplingSpec, WorkerLoad
+from router.control_client import WorkerGone
+from wire.requests import DecodeReservation, SamplingSpec, WorkerLoad
 from router.dispatch import Dispatcher
 from router.local_prefill import NO_PREFILL_WORKER, PREFILL_BACKLOG, PREFILL_SUSPECT, LocalPrefillRule
 from router.policy import make_policy

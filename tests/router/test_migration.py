@@ -16,7 +16,7 @@ import pytest
 from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from kvtransfer.protocol import GenerateRequest, SamplingSpec
+from wire.requests import GenerateRequest, SamplingSpec
 from prefill_worker.actor import PrefillActor
 from prefill_worker.worker import PrefillWorkerConfig
 from router.dispatch import Dispatcher

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 from router.app import create_app
 from router.config import RouterConfig
 from router.server import RouterServer

@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from kvtransfer.control_client import CallFailed, CallRejected, CallTimedOut, WorkerGone
-from kvtransfer.liveness import LivenessPolicy
-from kvtransfer.protocol import DecodeReservation, GenerateRequest, SamplingSpec, WorkerLoad
+from router.control_client import CallFailed, CallRejected, CallTimedOut, WorkerGone
+from wire.liveness import LivenessPolicy
+from wire.requests import DecodeReservation, GenerateRequest, SamplingSpec, WorkerLoad
 from router.policy import make_policy
 from router.registry import WorkerFailed, WorkerRegistry
 

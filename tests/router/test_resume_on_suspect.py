@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from kvtransfer.control_client import WorkerGone
-from kvtransfer.protocol import DecodeReservation, SamplingSpec, WorkerLoad
+from router.control_client import WorkerGone
+from wire.requests import DecodeReservation, SamplingSpec, WorkerLoad
 from router.dispatch import Dispatcher
 from router.policy import make_policy
 from router.registry import WorkerRegistry

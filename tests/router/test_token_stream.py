@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from kvtransfer.protocol import TokenDelta, TokenLogprob
-from kvtransfer.token_stream import Pushers
+from wire.requests import TokenDelta, TokenLogprob
+from wire.push_pull import Pushers
 from router.token_stream import StreamFailed, TokenStreamConsumer
 
 

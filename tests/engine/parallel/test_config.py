@@ -5,7 +5,6 @@ import pytest
 from engine import EngineArgs, LLMEngine
 from engine.config import EngineConfig, ModelConfig
 from engine.parallel.config import ParallelConfig, check_tensor_parallel
-from engine.parallel.step_broadcast import Shutdown, StepHeader, decode, encode
 
 
 @pytest.mark.parametrize(
@@ -56,13 +55,3 @@ def test_nccl_needs_cuda_and_rank_above_0_is_not_an_engine(tiny_model_dirs):
     config = EngineConfig(model_dir=model_dir, model=model, parallel=ParallelConfig(tp_size=2, rank=1))
     with pytest.raises(ValueError, match="TPFollower"):
         LLMEngine(config)
-
-
-def test_step_messages_round_trip_through_msgpack():
-    header = StepHeader(5, 2, 3, (0, 1, 2, 5), (9, 4, 3), 16, False)
-    assert decode(encode(header)) == header
-    with_bytes = StepHeader(5, 2, 3, (0, 1, 2, 5), (9, 4, 3), 16, False, attachment=b"\x00orders\xff")
-    assert decode(encode(with_bytes)) == with_bytes  # opaque bytes stay bytes (not str)
-    assert decode(encode(Shutdown())) == Shutdown()
-    with pytest.raises(ValueError, match="unknown step message"):
-        decode(b"\x81\xa4type\xa6Pickle")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransfer.liveness import Liveness, LivenessPolicy
-from kvtransfer.protocol import WorkerLoad
+from wire.liveness import Liveness, LivenessPolicy
+from wire.requests import WorkerLoad
 
 
 class Clock:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 import time
 
-from kvtransfer.protocol import DropShard, ExpectShard, RankAck, RankEndpoint, ReportTo, ShardEnded
-from kvtransfer.token_stream import PullSocket, Pushers
+from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ReportTo, ShardEnded
+from wire.push_pull import PullSocket, Pushers
 
 logger = logging.getLogger("tandem.kvtransfer")
 

@@ -7,20 +7,10 @@ import pickle
 import msgpack
 import pytest
 
-from kvtransfer.codec import DecodeError, decode, encode, message
-from kvtransfer.protocol import (
-    PROTOCOL_VERSION,
-    GenerateRequest,
-    Heartbeat,
-    Hello,
-    IncompatiblePeerError,
-    KVChunk,
-    KVSpec,
-    SamplingSpec,
-    TransferDone,
-    check_hello,
-    compat_hash,
-)
+from wire.codec import DecodeError, decode, encode, message
+from kvtransfer.handshake import IncompatiblePeerError, check_hello
+from wire.kv import PROTOCOL_VERSION, Heartbeat, Hello, KVChunk, KVSpec, TransferDone, compat_hash
+from wire.requests import GenerateRequest, SamplingSpec
 
 SPEC = KVSpec("m", "bfloat16", block_size=16, num_layers=4, num_kv_heads=4, head_dim=64)
 

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from engine import SamplingParams
-from kvtransfer.codec import decode, encode
-from kvtransfer.engine_bridge import sampling_params, sampling_spec
-from kvtransfer.protocol import SamplingSpec
+from wire.codec import decode, encode
+from runtime.engine_bridge import sampling_params, sampling_spec
+from wire.requests import SamplingSpec
 
 
 def test_sampling_spec_has_every_field_but_n():

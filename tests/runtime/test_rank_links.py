@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from kvtransfer.codec import decode, encode
-from kvtransfer.protocol import DropShard, ExpectShard, RankAck, RankEndpoint, ShardEnded, ShardOrder, ShardOrders
-from kvtransfer.protocol import DecodeReservation
-from kvtransfer.rank_links import RankControl, RankLinks, RankTimeout
+from wire.codec import decode, encode
+from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ShardEnded, ShardOrder, ShardOrders
+from wire.requests import DecodeReservation
+from runtime.rank_links import RankControl, RankLinks, RankTimeout
 
 
 class _Follower:

@@ -1,10 +1,11 @@
 """ZMQ PUSH/PULL for small typed messages: token deltas to the router, first tokens to a decode inbox.
 
-Each message is one msgpack-encoded `kvtransfer.protocol` message (never
-pickle). A `Pushers` holds one PUSH per destination address and belongs to
-the thread that drives its worker; a `PullSocket` is bound by its reader.
-`TokenStream` is the consumer side the router reuses: it reassembles each
-request's tokens from deltas that may come from two workers, in any order.
+Each message is one `wire` message in the one codec (never pickle). A
+`Pushers` holds one PUSH per destination address and belongs to the thread
+that drives its worker; a `PullSocket` is bound by its reader. `TokenStream`
+is a synchronous consumer for scripts and tests (the router's own is
+`router.token_stream`): it reassembles each request's tokens from deltas that
+may come from two workers, in any order.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from kvtransfer.codec import DecodeError, decode, encode
-from kvtransfer.protocol import TokenDelta
-from kvtransfer.socket_security import bind_secured, connect_secured, refuse
+from wire.codec import DecodeError, decode, encode
+from wire.requests import TokenDelta
+from wire.socket_security import bind_secured, connect_secured, refuse
 
 logger = logging.getLogger("tandem.kvtransfer")
 

@@ -19,10 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import zmq
 
-from kvtransfer import control_sockets
-from kvtransfer.codec import decode, encode
-from kvtransfer.control_client import CallFailed, CallRejected, CallTimedOut, ControlClient, WorkerGone, control_endpoint
-from kvtransfer.protocol import ControlCall, ControlReply, GenerateRequest, SamplingSpec, WorkerLoad
+from wire import control_sockets
+from wire.codec import decode, encode
+from router.control_client import CallFailed, CallRejected, CallTimedOut, ControlClient, WorkerGone, control_endpoint
+from wire.control import ControlCall, ControlReply
+from wire.requests import GenerateRequest, SamplingSpec, WorkerLoad
 from router.policy import make_policy
 from router.registry import WorkerFailed, WorkerRegistry
 from runtime.control_service import ControlService, request_id_arg

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from kvtransfer.protocol import WorkerLoad
+from wire.requests import WorkerLoad
 
 
 @dataclass(frozen=True)

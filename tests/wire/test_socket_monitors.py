@@ -10,7 +10,7 @@ import time
 
 import zmq
 
-from kvtransfer.socket_security import open_monitor
+from wire.socket_security import open_monitor
 
 
 def test_an_unread_monitor_of_a_socket_retrying_a_dead_peer_never_blocks_other_sockets():

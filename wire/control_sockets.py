@@ -1,7 +1,7 @@
 """The one place the control plane's ZMQ sockets are made (worker ROUTERs, router DEALERs).
 
 The socket options of the control plane are set here; the size limit and
-authentication (the cluster's CURVE key) by `kvtransfer.socket_security` as
+authentication (the cluster's CURVE key) by `wire.socket_security` as
 the server binds and the client connects.
 
 ZMTP heartbeats, on both ends: each side pings the other every

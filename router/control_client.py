@@ -6,7 +6,7 @@ and the dispatcher do not know which one they hold. Many calls are in flight
 on one socket; replies come in any order and are matched by call id.
 
 The connection, as the socket monitor tells it (a disconnect is not a death:
-ZMQ reconnects, and only the registry's `kvtransfer.liveness` judges a worker):
+ZMQ reconnects, and only the registry's `wire.liveness` judges a worker):
   - before the first handshake, calls wait for it (a worker just registered);
   - up (handshake succeeded): calls go through;
   - dropped (the peer closed, or the ZMTP heartbeat timed out): the calls in flight fail with
@@ -33,11 +33,11 @@ import logging
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from kvtransfer.codec import DecodeError, decode, encode
-from kvtransfer.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
-from kvtransfer.handoff import AsyncEncodedCalls
-from kvtransfer.protocol import ControlCall, ControlReply
-from kvtransfer.socket_security import ClusterKey, connect_secured, open_monitor
+from wire.codec import DecodeError, decode, encode
+from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
+from router.handoff import AsyncEncodedCalls
+from wire.control import ControlCall, ControlReply
+from wire.socket_security import ClusterKey, connect_secured, open_monitor
 
 logger = logging.getLogger("tandem.kvtransfer")
 

@@ -25,7 +25,7 @@ fails the request when one of them fails. The workers never import each other:
 they meet only through these messages. Endpoints are the worker objects
 themselves (in-process) or `EncodedCalls` over actor handles (Ray); the router's
 event loop uses the same protocol through `start_request_async` and `AsyncEncodedCalls`,
-whose calls go over each worker's control socket (`kvtransfer.control_client`).
+whose calls go over each worker's control socket (`router.control_client`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Generator, Protocol
 
-from kvtransfer.codec import decode, encode
-from kvtransfer.protocol import DecodeReservation, GenerateRequest, PrefillTask, ReserveRefused, WorkerLoad
+from wire.codec import decode, encode
+from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, ReserveRefused, WorkerLoad
 
 
 class HandoffError(RuntimeError):
@@ -185,7 +185,7 @@ async def abort_request_async(
 class EncodedCalls:
     """An endpoint over `call(method, payload) -> reply`, e.g. Ray actor methods taking msgpack bytes.
 
-    Every message crosses as `kvtransfer.codec` bytes; only ids and booleans go bare."""
+    Every message crosses as `wire.codec` bytes; only ids and booleans go bare."""
 
     def __init__(self, call: Callable[[str, object], object]):
         self._call = call

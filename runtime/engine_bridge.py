@@ -7,7 +7,8 @@ import os
 
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
-from kvtransfer.protocol import KVSpec, SamplingSpec, TokenLogprob
+from wire.kv import KVSpec
+from wire.requests import SamplingSpec, TokenLogprob
 
 
 def sampling_params(spec: SamplingSpec) -> SamplingParams:

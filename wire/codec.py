@@ -1,4 +1,4 @@
-"""One generic msgpack codec for the frozen dataclass messages of `kvtransfer.protocol`.
+"""One generic msgpack codec for the frozen dataclass messages of `wire`.
 
 Wire form of a message: msgpack ext type 1 wrapping `[type name, field values...]`,
 fields in declaration order. Nested registered dataclasses use the same ext

@@ -1,0 +1,77 @@
+"""Inside one tensor-parallel worker: rank 0 and its follower ranks' I/O threads (`runtime.rank_links`).
+
+    rank 0 ── ReportTo | ExpectShard | DropShard ──► follower control PULL   (acked: RankAck)
+    rank 0 ◄── RankAck | ShardEnded ── follower                               (ZMQ PUSH/PULL)
+    prefill rank 0 ── ShardOrders ──► followers, attached to the step broadcast (`wire.step`)
+"""
+
+from __future__ import annotations
+
+from wire.codec import message
+from wire.requests import DecodeReservation
+
+
+@message
+class RankEndpoint:
+    """Where a follower rank listens: its control socket, and (decode) its KV receiver."""
+
+    rank: int
+    control_address: str
+    kv_address: str = ""
+
+
+@message
+class ReportTo:
+    """Rank 0 to a follower, first: push your acks and reports to this address."""
+
+    address: str
+
+
+@message
+class ExpectShard:
+    """Decode rank 0 to a follower: expect the request's KV (your heads) into these block ids."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+
+
+@message
+class DropShard:
+    """Rank 0 to a follower: stop receiving (decode) or sending (prefill) the request's KV shard."""
+
+    request_id: str
+    reason: str
+
+
+@message
+class RankAck:
+    """A follower has applied rank 0's `kind` message (ReportTo, ExpectShard, DropShard) for the request."""
+
+    request_id: str
+    rank: int
+    kind: str
+
+
+@message
+class ShardEnded:
+    """A follower's part of a request's KV transfer ended: received all its heads, or sent to `peer`."""
+
+    request_id: str
+    rank: int
+    kind: str  # "done", "failed" or "expired" (kvtransfer.connector.TransferEvent kinds)
+    peer: str = ""  # prefill: the decode receiver's address
+    reason: str = ""
+
+
+@message
+class ShardOrder:
+    """One request whose KV a prefill forward completes: each prefill rank sends its pieces of it."""
+
+    request_id: str
+    src_block_ids: tuple[int, ...]
+    reservation: DecodeReservation
+
+
+@message
+class ShardOrders:
+    orders: tuple[ShardOrder, ...]

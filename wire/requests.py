@@ -1,0 +1,141 @@
+"""Requests in, token deltas out: the workers' control-call and token-stream messages.
+
+    router ── GenerateRequest ──► decode.reserve ──► DecodeReservation | ReserveRefused
+    router ── PrefillTask ──────► prefill ══ KV ══► decode
+    prefill ── FirstToken | PrefillFailed ──► decode inbox (ZMQ PUSH/PULL)
+    prefill ── TokenDelta(first token) ──► token stream;  decode ── TokenDelta ... finished ──► token stream
+    router ── load ──► worker ──► WorkerLoad   (the heartbeat: `wire.liveness` reads it)
+"""
+
+from __future__ import annotations
+
+from wire.codec import message
+
+
+@message
+class SamplingSpec:
+    """engine.SamplingParams on the wire (n is fanned out before: one request, one sequence)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+@message
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingSpec
+    stream_address: str  # the token-stream consumer's PULL socket
+    # The router found no prefill worker able to take it (dead, restarting, draining, far behind):
+    # the decode worker prefills the prompt itself, whatever its local_prefill_threshold.
+    local_prefill: bool = False
+
+
+@message
+class DecodeReservation:
+    """Decode's answer to a reserve: where the prompt's KV goes, or that decode prefills it itself."""
+
+    request_id: str
+    prefill_locally: bool  # short uncached prompt: decode computes it, no prefill worker involved
+    kv_address: str = ""  # the decode receiver's address
+    inbox_address: str = ""  # decode's PULL socket for FirstToken / PrefillFailed
+    block_ids: tuple[int, ...] = ()  # destination blocks, for prompt blocks num_cached_blocks onwards
+    num_cached_blocks: int = 0  # leading prompt blocks decode already holds (its prefix cache)
+    # Tensor-parallel decode: every rank's receiver address, rank order (kv_addresses[0] == kv_address),
+    # each rank takes its own KV heads into the same block ids. Empty: one rank, at kv_address.
+    kv_addresses: tuple[str, ...] = ()
+    tp_size: int = 1
+
+    def rank_addresses(self) -> tuple[str, ...]:
+        """The decode ranks' KV addresses, rank order (one entry for a TP=1 decode worker)."""
+        return self.kv_addresses or (self.kv_address,)
+
+
+@message
+class ReserveRefused:
+    request_id: str
+    reason: str
+    retryable: bool  # True: no free blocks now; False: the request can never run here
+
+
+@message
+class PrefillTask:
+    request: GenerateRequest
+    reservation: DecodeReservation
+
+
+@message
+class FirstToken:
+    request_id: str
+    token_id: int
+
+
+@message
+class PrefillFailed:
+    request_id: str
+    reason: str
+
+
+@message
+class TokenLogprob:
+    """One output token's logprob under the raw distribution, and the top alternatives (token id, logprob)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@message
+class TokenDelta:
+    """New output tokens of one request; the last one has `finished` and the usage counts."""
+
+    request_id: str
+    first_index: int  # output index of token_ids[0]: deltas from prefill and decode may cross
+    token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str = ""  # why an aborted request ended, when not by the client
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the request asked for logprobs
+    # An abort the worker could not help (its step failed): another worker may resume the request.
+    resumable: bool = False
+
+
+@message
+class WorkerLoad:
+    """What routing needs from a worker."""
+
+    name: str
+    waiting: int  # queued for compute, or for KV
+    running: int
+    transferring: int  # prefill: requests whose KV is still moving
+    free_blocks: int
+    total_blocks: int
+    prefix_cache_hit_rate: float
+    # Decode: KV transfers received since the worker started (tensor parallel: rank 0's heads only),
+    # their bytes, and the sum of their durations (first landed chunk to last). Prefill: zeros.
+    kv_transfers: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
+    # Liveness, answered by the worker's I/O thread while its loop may be inside a long step:
+    # steps finished since start, how long the step in progress has run (0: between steps), the
+    # longest step so far, and steps that failed in a row (a sticky device error keeps failing).
+    steps: int = 0
+    step_running_s: float = 0.0
+    longest_step_s: float = 0.0
+    failed_steps_in_a_row: int = 0
