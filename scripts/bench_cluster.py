@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository's packages (cluster, engine, router) for the Tandem servers
 sys.path.insert(0, str(ROOT / "scripts"))
+import bench_report  # noqa: E402
 from cluster_bench import report  # noqa: E402
 from cluster_bench.servers import hit_rate_between, scrape_metrics, tandem_server, vllm_server  # noqa: E402
 from cluster_bench.sweeps import FULL, QUICK, Sweep, deployments, scaled, sweeps  # noqa: E402
@@ -48,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--num-kv-blocks", type=int, help="Tandem KV blocks per worker (default: the engine's sizing)")
     p.add_argument("--result-dir", help="default: bench_results/cluster-<date>")
-    p.add_argument("--markdown", help="append the tables (with command, machine, model, date) to this file")
+    p.add_argument("--markdown", help="the tables (with command, machine, model, date) as the latest result in this "
+                   "file (BENCHMARKS.md), their full record under benchmarks/history/ beside it")
     args = p.parse_args(argv)
     args.sweep_names = tuple(s.strip() for s in args.sweeps.split(",") if s.strip())
     return args
@@ -126,8 +128,7 @@ def main(argv=None) -> dict:
     (out_dir / "results.json").write_text(json.dumps({"rows": rows, "engine": engine, "seconds": elapsed}))
     (out_dir / "tables.md").write_text(text)
     if args.markdown:
-        with open(args.markdown, "a") as f:
-            f.write("\n" + text)
+        bench_report.record_run(args.markdown, "bench_cluster.py", text)
     print(text)
     print(f"results in {out_dir} ({elapsed:.0f} s)")
     return rows

@@ -45,6 +45,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import bench_report
+
 WORKER = Path(__file__).with_name("_vllm_bench_worker.py")
 MAX_MODEL_LEN = 2048
 
@@ -475,7 +477,8 @@ def markdown_section(args, machine: dict, info: dict, workloads: list[Workload],
         f"## Engine throughput, {now}",
         "",
         f"- Command: `{cmd}`",
-        f"- Machine: {machine['cpu']}, {machine['cores']} cores, torch threads {machine['torch_threads']}, "
+        f"- Machine: {machine['cpu']} ({bench_report.instruction_set()}), {machine['cores']} cores, "
+        f"torch threads {machine['torch_threads']}, "
         f"torch {machine['torch']}, transformers {machine['transformers']}",
         f"- Model: SmolLM2-135M-Instruct ({args.dtype}), `{info['tandem'].get('model_dir', '?')}`",
         f"- Tandem: KV cache {args.kv_cache_gib} GiB, max_num_batched_tokens "
@@ -535,7 +538,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vllm-python", default=None, help="python of a virtualenv with vLLM (CPU build)")
     p.add_argument("--vllm-timeout", type=int, default=1800, help="seconds before the vLLM worker is abandoned")
     p.add_argument("--skip-hf", action="store_true", help="leave transformers out")
-    p.add_argument("--markdown", default=None, help="append a results section to this markdown file")
+    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
+                   "its full record under benchmarks/history/ beside it")
     p.add_argument("--json", default=None, help="write raw results to this JSON file")
     args = p.parse_args(argv)
     if args.output_len_scale <= 0:
@@ -586,9 +590,9 @@ def main(argv=None) -> int:
 
     print_summary(results, workloads, bound)
     if args.markdown:
-        with open(args.markdown, "a") as f:
-            f.write("\n" + markdown_section(args, machine, info, workloads, results, bound))
-        print(f"appended results to {args.markdown}")
+        history = bench_report.record_run(args.markdown, "bench_engine.py",
+                                          markdown_section(args, machine, info, workloads, results, bound))  # fmt: skip
+        print(f"results in {history}, and as the latest in {args.markdown}")
     if args.json:
         raw = {
             "argv": sys.argv,

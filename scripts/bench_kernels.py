@@ -31,6 +31,7 @@ import time
 
 import torch
 
+import bench_report
 from bench_engine import measure_copy_bandwidth
 
 # Spec-sheet HBM bandwidth, bytes/s, by a substring of torch's device name.
@@ -191,7 +192,8 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--markdown", help="append the results to this markdown file")
+    parser.add_argument("--markdown", help="the results as the latest in this file (BENCHMARKS.md), "
+                        "their full record under benchmarks/history/ beside it")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
@@ -210,9 +212,8 @@ def main(argv=None) -> None:
     print("\n".join(header) + "\n\n" + result)
     if args.markdown:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-        with open(args.markdown, "a") as f:
-            f.write(f"\n### Kernels on {device.type}, {stamp}\n\n")
-            f.write("\n".join(header) + "\n\n" + result + "\n")
+        record = f"### Kernels on {device.type}, {stamp}\n\n" + "\n".join(header) + "\n\n" + result + "\n"
+        bench_report.record_run(args.markdown, "bench_kernels.py", record)
 
 
 def _commit() -> str:

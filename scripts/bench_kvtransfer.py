@@ -13,7 +13,7 @@ from a buffer of the whole transfer into another (as the KV moves between two
 caches), acknowledged once at the end.
 
     python scripts/bench_kvtransfer.py                          # print the table
-    python scripts/bench_kvtransfer.py --markdown BENCHMARKS.md # and append it
+    python scripts/bench_kvtransfer.py --markdown BENCHMARKS.md # and record it (BENCHMARKS.md, benchmarks/history/)
 """
 
 from __future__ import annotations
@@ -290,7 +290,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--markdown", default=None, help="append a results section to this markdown file")
+    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
+                   "its full record under benchmarks/history/ beside it")
     return p.parse_args(argv)
 
 
@@ -300,9 +301,8 @@ def main(argv=None) -> int:
     print(HEADER, flush=True)
     rows = run(args)
     if args.markdown:
-        with open(args.markdown, "a") as f:
-            f.write("\n" + markdown_section(args, rows))
-        print(f"appended results to {args.markdown}")
+        history = bench_report.record_run(args.markdown, "bench_kvtransfer.py", markdown_section(args, rows))
+        print(f"results in {history}, and as the latest in {args.markdown}")
     return 0
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_report import append_section, machine_line  # noqa: E402
+from bench_report import machine_line, record_run, run_text  # noqa: E402
 from cluster_bench.servers import free_port, vllm_server  # noqa: E402
 
 SERVERS = (
@@ -187,7 +187,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--length-scale", type=float, default=1.0, help="token lengths, times this (a small model)")
     p.add_argument("--with-vllm", action="store_true", help="then the same loads against vLLM's CPU server")
     p.add_argument("--vllm-threads", type=int, default=2)
-    p.add_argument("--markdown", help="append the table (with command, machine, commit) to this file")
+    p.add_argument("--markdown", help="the table (with command, machine, commit) as the latest result in this file "
+                   "(BENCHMARKS.md), its full record under benchmarks/history/ beside it")
     args = p.parse_args(argv)
     args.clients = ("vllm", "ours") if args.client == "both" else (args.client,)
     return args
@@ -212,7 +213,8 @@ def main(argv=None) -> None:
     print(f"results: {result_dir}")
     if args.markdown:
         details = SERVERS + "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
-        append_section(args.markdown, "bench_loads.py", sys.argv[1:], machine_line(), details, text)
+        record = run_text("bench_loads.py", sys.argv[1:], machine_line(), details, text)
+        record_run(args.markdown, "bench_loads.py", record)
     lost = [r for r in rows if r["server"] == "tandem" and (r["failed"] or r["restarts"])]
     sys.exit(1 if lost else 0)
 

@@ -10,7 +10,7 @@ its cap), then routes it again timed, pick by pick. `block_keys` alone is
 timed too: it is most of what cache_aware adds to round_robin.
 
     python scripts/bench_policies.py                          # print the table
-    python scripts/bench_policies.py --markdown BENCHMARKS.md # and append it
+    python scripts/bench_policies.py --markdown BENCHMARKS.md # and record it (BENCHMARKS.md, benchmarks/history/)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import time
 from collections import deque
 
-from bench_report import append_section, machine_line
+from bench_report import machine_line, record_run, run_text
 
 from router.block_keys import block_keys
 from router.policy import make_policy
@@ -98,7 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-user-tokens", type=int, default=512)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--markdown", default=None, help="append a results section to this markdown file")
+    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
+                   "its full record under benchmarks/history/ beside it")
     return p.parse_args(argv)
 
 
@@ -114,7 +115,8 @@ def main(argv=None) -> int:
             f"round_robin is the baseline: a pick that reads nothing of the prompt."
         )
         argv = argv if argv is not None else sys.argv[1:]
-        append_section(args.markdown, "bench_policies.py", argv, machine_line(), details, text)
+        record = run_text("bench_policies.py", argv, machine_line(), details, text)
+        record_run(args.markdown, "bench_policies.py", record)
     return 0
 
 

@@ -17,7 +17,7 @@ is the router alone. Three measurements, same run:
 Each is run at concurrency 1 (latency) and `--concurrency` (throughput).
 
     python scripts/bench_router.py                          # print the table
-    python scripts/bench_router.py --markdown BENCHMARKS.md # and append it
+    python scripts/bench_router.py --markdown BENCHMARKS.md # and record it (BENCHMARKS.md, benchmarks/history/)
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ import time
 
 import aiohttp
 import httpx
+
+import bench_report
 
 from decode_worker.actor import DECODE_CALLS
 from router.control_client import control_endpoint
@@ -198,7 +200,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--port", type=int, default=18431)
-    parser.add_argument("--markdown", help="append the results to this file")
+    parser.add_argument("--markdown", help="the results as the latest in this file (BENCHMARKS.md), "
+                        "their full record under benchmarks/history/ beside it")
     parser.add_argument("--serve-router", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--serve-stub", choices=("decode", "prefill"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -276,8 +279,7 @@ def report(args, rows) -> None:
     text = "\n".join(lines)
     print(text)
     if args.markdown:
-        with open(args.markdown, "a") as f:
-            f.write("\n" + text)
+        bench_report.record_run(args.markdown, "bench_router.py", text)
 
 
 if __name__ == "__main__":

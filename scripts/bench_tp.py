@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+import bench_report
 from bench_engine import Result, Workload, machine_info, run_tandem
 from engine import LLM, EngineArgs
 from engine.parallel.follower import TPFollower
@@ -105,7 +106,8 @@ def markdown(args, runs: dict[str, list[Result]], same_tokens: bool) -> str:
     return "\n".join([
         f"\n## Tensor parallel on CPU (`scripts/bench_tp.py`), {datetime.datetime.now():%Y-%m-%d %H:%M}\n",
         f"- Command: `python {' '.join(sys.argv)}`",
-        f"- Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}; tp=1 with {args.tp * args.threads} threads, "
+        f"- Machine: {m['cpu']} ({bench_report.instruction_set()}), {m['cores']} cores, torch {m['torch']}; "
+        f"tp=1 with {args.tp * args.threads} threads, "
         f"each tp rank {args.threads}; load average before the run {LOAD_BEFORE}, after {os.getloadavg()[0]:.2f}",
         f"- Model: random Llama, hidden {args.hidden}, {args.layers} layers, {args.heads} heads / {args.kv_heads} KV heads, "
         f"intermediate {args.intermediate}, {args.dtype}",
@@ -133,7 +135,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--kv-blocks", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3, help="timed runs per engine (best and median reported)")
-    p.add_argument("--markdown", default=None, help="append a results section to this markdown file")
+    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
+                   "its full record under benchmarks/history/ beside it")
     return p.parse_args(argv)
 
 
@@ -151,8 +154,7 @@ def main() -> None:
     section = markdown(args, {"tp=1": single, f"tp={args.tp}": parallel}, tokens(single) == tokens(parallel))
     print(section)
     if args.markdown:
-        with open(args.markdown, "a") as f:
-            f.write(section)
+        bench_report.record_run(args.markdown, "bench_tp.py", section)
 
 
 if __name__ == "__main__":

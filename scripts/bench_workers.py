@@ -9,7 +9,7 @@ first to last token over the gaps), wall time and output tokens/s. Each mode
 serves one short warm-up request before the timed batch.
 
     python scripts/bench_workers.py                          # default model, print the table
-    python scripts/bench_workers.py --markdown BENCHMARKS.md # and append it
+    python scripts/bench_workers.py --markdown BENCHMARKS.md # and record it (BENCHMARKS.md, benchmarks/history/)
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch threads in all (split between the two actors)")
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--markdown", default=None, help="append a results section to this markdown file")
+    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
+                   "its full record under benchmarks/history/ beside it")
     return p.parse_args(argv)
 
 
@@ -147,7 +148,8 @@ def main(argv=None) -> int:
             f"Model: `{os.path.basename(args.model)}`."
         )
         argv = argv if argv is not None else sys.argv[1:]
-        bench_report.append_section(args.markdown, "bench_workers.py", argv, machine_line(), details, text)
+        record = bench_report.run_text("bench_workers.py", argv, machine_line(), details, text)
+        bench_report.record_run(args.markdown, "bench_workers.py", record)
     return 0
 
 
