@@ -2,8 +2,9 @@
 
 A worker is one Ray actor (TP=1) or a tensor-parallel group of actors in one
 STRICT_PACK placement group (TP=n), whose rank 0 is its face. With
-`data_plane: node_ip` decode workers bind their KV and inbox sockets on their
-node's Ray address, so prefill workers on other machines reach them. `launch` returns
+`data_plane: node_ip` workers bind every socket (control, KV, inbox, rank
+links) on their node's Ray address, so routers and peers on other machines
+reach them. `launch` returns
 at once for TP=1 (the actor builds its engine in the background; `wait_ready`
 waits for it); a TP group is ready when `launch` returns. The router calls a
 worker over its rank 0's control socket (`endpoint`, router.control_client),
@@ -37,14 +38,16 @@ from decode_worker.actor import DecodeActor, DecodeFollowerActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine.llm_engine import EngineArgs
 from wire.codec import decode
-from router.control_client import control_endpoint
-from router.handoff import AsyncEncodedCalls
+from router.control_client import ControlEndpoint, control_endpoint
 from wire.requests import WorkerLoad
 from wire.socket_security import ClusterKey, worker_runtime_env
 from prefill_worker.actor import PrefillActor, PrefillFollowerActor
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.actor import ACTOR_OPTIONS
+from runtime.worker_config import NODE_IP
 
+# One actor class per role and rank kind; where it binds is its config's `host`.
+ACTOR_CLASSES = {"prefill": (PrefillActor, PrefillFollowerActor), "decode": (DecodeActor, DecodeFollowerActor)}
 COLOCATED_THRESHOLD = 1 << 62  # more uncached tokens than any prompt has: prefill everything locally
 
 
@@ -77,7 +80,7 @@ class PoolWorker:
     control_address: str = ""  # rank 0's control socket, learnt by `wait_ready`
     actor_id: str = ""  # rank 0's Ray actor id, learnt by `wait_ready`: its incarnation, the same to every controller
 
-    def endpoint(self, key=None) -> AsyncEncodedCalls:
+    def endpoint(self, key=None) -> ControlEndpoint:
         """How the router calls this worker: over rank 0's control socket (call after `wait_ready`),
         presenting the cluster key `key` (a `ClusterKey`; None: the calling process's, if any)."""
         if not self.control_address:
@@ -180,52 +183,15 @@ def _whereabouts(_actor) -> tuple[str, str]:
     return context.get_node_id(), context.get_actor_id()
 
 
-def _on_this_node(config):
-    """A decode config whose data-plane sockets bind on this node's Ray address, so other nodes reach them."""
-    import ray
-
-    host = ray.util.get_node_ip_address()
-    return dataclasses.replace(config, kv_address=config.kv_address.replace("127.0.0.1", host),
-                               inbox_address=config.inbox_address.replace("127.0.0.1", host))  # fmt: skip
-
-
-def _node_control_address() -> str:
-    import ray
-
-    return f"tcp://{ray.util.get_node_ip_address()}:0"
-
-
-class NodeDecodeActor(DecodeActor):
-    def __init__(self, engine_args, config, *rest):
-        super().__init__(engine_args, _on_this_node(config), *rest)
-
-    def control_bind_address(self) -> str:
-        return _node_control_address()
-
-
-class NodePrefillActor(PrefillActor):
-    def control_bind_address(self) -> str:
-        return _node_control_address()
-
-
-class NodeDecodeFollowerActor(DecodeFollowerActor):
-    def __init__(self, engine_args, config, *rest):
-        super().__init__(engine_args, _on_this_node(config), *rest)
-
-
-def _actor_classes(spec: ClusterSpec, role: str) -> tuple[type, type]:
-    node_ip = spec.data_plane == "node_ip"
-    if role == "prefill":  # followers bind no socket another node connects to
-        return (NodePrefillActor if node_ip else PrefillActor), PrefillFollowerActor
-    if node_ip:
-        return NodeDecodeActor, NodeDecodeFollowerActor
-    return DecodeActor, DecodeFollowerActor
-
-
 def decode_config(spec: ClusterSpec, name: str) -> DecodeWorkerConfig:
     """With no prefill pool (colocated mode; the router sends no prefill worker) every prompt is prefilled here."""
-    return DecodeWorkerConfig(name, local_prefill_threshold=COLOCATED_THRESHOLD if spec.prefill.replicas == 0 else 0,
-                              kv_transfer_failure=spec.kv_transfer_failure)  # fmt: skip
+    return DecodeWorkerConfig(name, host=bind_host(spec), kv_transfer_failure=spec.kv_transfer_failure,
+                              local_prefill_threshold=COLOCATED_THRESHOLD if spec.prefill.replicas == 0 else 0)  # fmt: skip
+
+
+def bind_host(spec: ClusterSpec) -> str:
+    """`data_plane: node_ip`: workers bind on their node's address, so other nodes reach them."""
+    return NODE_IP if spec.data_plane == "node_ip" else "127.0.0.1"
 
 
 def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace: str | None = None) -> PoolWorker:
@@ -235,8 +201,8 @@ def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace
     import ray
 
     pool, args = spec.pool(role), engine_args_for(spec, role)
-    config = PrefillWorkerConfig(name) if role == "prefill" else decode_config(spec, name)
-    rank0_cls, follower_cls = _actor_classes(spec, role)
+    config = PrefillWorkerConfig(name, host=bind_host(spec)) if role == "prefill" else decode_config(spec, name)
+    rank0_cls, follower_cls = ACTOR_CLASSES[role]
     key_env = {"runtime_env": worker_runtime_env(ClusterKey.parse(spec.cluster_key))} if spec.cluster_key else {}
     if pool.tensor_parallel_size == 1:
         named = detached(namespace, rank0_name(name, restarts))

@@ -14,21 +14,20 @@ from decode_worker.kv_receiving import KVReceiving
 from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
 from engine.llm_engine import EngineArgs, LLMEngine
 from runtime.ray_group import TPActors, start_tp_actors
-from wire.codec import decode, encode
 from runtime.engine_bridge import kv_spec_for
 from wire.requests import FirstToken, GenerateRequest, PrefillFailed
 from kvtransfer.receiver import KVReceiver
 from wire.push_pull import PullSocket, Pushers
 from runtime.actor import ACTOR_OPTIONS, WorkerActor
-from runtime.control_service import ControlService, request_id_arg
+from runtime.control_service import ControlService, payload_of, request_id_arg
 from runtime.follower import FollowerActor
 from runtime.io_thread import IOThread
 
 # The router's calls a decode worker's control socket takes (load is answered by the socket itself).
-DECODE_CALLS = {"reserve": lambda payload: decode(payload, GenerateRequest), "abort": request_id_arg}
+DECODE_CALLS = {"reserve": payload_of(GenerateRequest), "abort": request_id_arg}
 
 
-def decode_worker_maker(engine_args: EngineArgs, config: DecodeWorkerConfig, control_bind: str = "tcp://127.0.0.1:0"):
+def decode_worker_maker(engine_args: EngineArgs, config: DecodeWorkerConfig):
     """`(board, deliver) -> DecodeWorker`: the engine, then the I/O thread (control socket + KV receiver)."""
 
     def make(board, deliver) -> DecodeWorker:
@@ -36,14 +35,14 @@ def decode_worker_maker(engine_args: EngineArgs, config: DecodeWorkerConfig, con
         spec, tp_size = kv_spec_for(engine.config), engine.config.parallel.tp_size
 
         def services(io: IOThread) -> list:
-            receiver = KVReceiver(engine.runner.kv_caches, spec, config.kv_address, tp_size, 0, timeouts=config.timeouts)
+            receiver = KVReceiver(engine.runner.kv_caches, spec, config.bind_address, tp_size, 0, timeouts=config.timeouts)
             receiving = KVReceiving(receiver, deliver)
             board.io_counters = receiving.counters
-            return [ControlService(board, DECODE_CALLS, deliver, io.post, control_bind), receiving]
+            return [ControlService(board, DECODE_CALLS, deliver, io.post, config.bind_address), receiving]
 
         io = IOThread(f"{config.name}-io", services)
         control, receiving = io.services
-        inbox = PullSocket((FirstToken, PrefillFailed), config.inbox_address)
+        inbox = PullSocket((FirstToken, PrefillFailed), config.bind_address)
         worker = DecodeWorker(engine, config, io, board, receiving.receiver.address, inbox, Pushers())
         worker.control_address = control.address
         return worker
@@ -59,10 +58,7 @@ class DecodeActor(WorkerActor):
         super().__init__(engine_args, config, torch_threads, start)
 
     def make_worker(self, engine_args):
-        return decode_worker_maker(engine_args, self.config, self.control_bind_address())
-
-    def reserve(self, payload: bytes) -> bytes:
-        return encode(self.hosted.call("reserve", decode(payload, GenerateRequest)))
+        return decode_worker_maker(engine_args, self.config)
 
 
 class DecodeFollowerActor(FollowerActor):

@@ -32,9 +32,9 @@ class DecodeFollower(FollowerRole):
     def services(self, follower: TPFollower, io: IOThread) -> list:
         c, rank = self.config, follower.config.parallel.rank
         tp_size = follower.config.parallel.tp_size
-        receiver = KVReceiver(follower.runner.kv_caches, kv_spec_for(follower.config), c.kv_address, tp_size, rank,
+        receiver = KVReceiver(follower.runner.kv_caches, kv_spec_for(follower.config), c.bind_address, tp_size, rank,
                               timeouts=c.timeouts)  # fmt: skip
-        self.control = RankControlService(RankControl(rank, c.control_address), io, {
+        self.control = RankControlService(RankControl(rank, c.bind_address), io, {
             ExpectShard: lambda msg: self.receiving.expect(ExpectKV(msg.request_id, msg.block_ids)),
             DropShard: lambda msg: receiver.abort(msg.request_id, msg.reason),  # a no-op once it ended
         })  # fmt: skip

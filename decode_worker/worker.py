@@ -40,7 +40,6 @@ from decode_worker.streaming import final_delta, output_delta, spliced
 from engine.llm_engine import EngineStepError, LLMEngine
 from engine.remote_kv import NoFreeBlocks, admit_remote_kv, count_uncached_tokens, fail_remote_kv, reserve_remote_kv
 from wire.codec import decode
-from kvtransfer.connector import TransferTimeouts
 from runtime.engine_bridge import sampling_params
 from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ShardEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, ReserveRefused, WorkerLoad
@@ -50,24 +49,17 @@ from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
 from runtime.router_lease import RouterLease, due
+from runtime.worker_config import WorkerConfig
 
 logger = logging.getLogger("tandem.decode")
 
 
 @dataclass(frozen=True)
-class DecodeWorkerConfig:
+class DecodeWorkerConfig(WorkerConfig):
     name: str = "decode-0"
-    kv_address: str = "tcp://127.0.0.1:0"
-    inbox_address: str = "tcp://127.0.0.1:0"
     # Prompts with fewer uncached tokens than this are prefilled here (0: never; a huge value: colocated mode).
     local_prefill_threshold: int = 0
-    timeouts: TransferTimeouts = TransferTimeouts()
-    # Tensor parallel: rank 0 and the followers bind their control sockets here (keep port 0); a follower
-    # that does not acknowledge a reservation (or a release) within rank_ack_timeout_s is given up on.
-    control_address: str = "tcp://127.0.0.1:0"
-    rank_ack_timeout_s: float = 10.0
     kv_transfer_failure: Literal["recompute", "fail"] = "recompute"
-    router_lease_s: float = 60.0  # no control call for this long: the router is gone, end what we hold
 
 
 class DecodeWorker(RequestTable):
@@ -133,7 +125,7 @@ class DecodeWorker(RequestTable):
         ranks = [decode(e, RankEndpoint) for e in call.arg]
         if sorted(r.rank for r in ranks) != list(range(1, self.tp_size)):
             raise ValueError(f"expected endpoints of ranks 1..{self.tp_size - 1}, got {[r.rank for r in ranks]}")
-        self.ranks = RankLinks(ranks, self.config.rank_ack_timeout_s, self.config.control_address)
+        self.ranks = RankLinks(ranks, self.config.rank_ack_timeout_s, self.config.bind_address)
         call.answer(None)
 
     # ---- the loop (runtime.loop.LoopWorker) -------------------------------------

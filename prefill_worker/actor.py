@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from engine.llm_engine import EngineArgs, LLMEngine
 from runtime.ray_group import TPActors, start_tp_actors
-from wire.codec import decode
 from runtime.engine_bridge import kv_spec_for
 from wire.requests import PrefillTask
 from kvtransfer.sender import KVSender
@@ -20,16 +19,15 @@ from prefill_worker.follower import PrefillFollower
 from prefill_worker.kv_sending import KVSending
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
 from runtime.actor import ACTOR_OPTIONS, WorkerActor
-from runtime.control_service import ControlService, request_id_arg
+from runtime.control_service import ControlService, payload_of, request_id_arg
 from runtime.follower import FollowerActor
 from runtime.io_thread import IOThread
 
 # The router's calls a prefill worker's control socket takes (load is answered by the socket itself).
-PREFILL_CALLS = {"prefill": lambda payload: decode(payload, PrefillTask), "abort": request_id_arg}
+PREFILL_CALLS = {"prefill": payload_of(PrefillTask), "abort": request_id_arg}
 
 
-def prefill_worker_maker(engine_args: EngineArgs, config: PrefillWorkerConfig,
-                         control_bind: str = "tcp://127.0.0.1:0"):  # fmt: skip
+def prefill_worker_maker(engine_args: EngineArgs, config: PrefillWorkerConfig):
     """`(board, deliver) -> PrefillWorker`: the engine, then the I/O thread (control socket + KV sender)."""
 
     def make(board, deliver) -> PrefillWorker:
@@ -40,7 +38,7 @@ def prefill_worker_maker(engine_args: EngineArgs, config: PrefillWorkerConfig,
             sender = KVSender(kv_spec_for(engine.config), config.name, tp_size, 0, timeouts=config.timeouts,
                               faults=config.transport_faults)  # fmt: skip
             sending = KVSending(sender, engine.runner.kv_caches, model.num_kv_heads, deliver)
-            return [ControlService(board, PREFILL_CALLS, deliver, io.post, control_bind), sending]
+            return [ControlService(board, PREFILL_CALLS, deliver, io.post, config.bind_address), sending]
 
         io = IOThread(f"{config.name}-io", services)
         worker = PrefillWorker(engine, config, io, board, Pushers())
@@ -58,10 +56,7 @@ class PrefillActor(WorkerActor):
         super().__init__(engine_args, config, torch_threads, start)
 
     def make_worker(self, engine_args):
-        return prefill_worker_maker(engine_args, self.config, self.control_bind_address())
-
-    def prefill(self, payload: bytes) -> None:
-        self.hosted.call("prefill", decode(payload, PrefillTask))
+        return prefill_worker_maker(engine_args, self.config)
 
 
 class PrefillFollowerActor(FollowerActor):

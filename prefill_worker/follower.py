@@ -55,7 +55,7 @@ class PrefillFollower(FollowerRole):
         c, p = self.config, follower.config.parallel
         sender = KVSender(kv_spec_for(follower.config), c.name, p.tp_size, p.rank, timeouts=c.timeouts)
         self.sending = KVSending(sender, follower.runner.kv_caches, follower.config.model.num_kv_heads, self._report)
-        self.control = RankControlService(RankControl(p.rank, c.control_address), io, {
+        self.control = RankControlService(RankControl(p.rank, c.bind_address), io, {
             DropShard: lambda msg: sender.abort(msg.request_id, msg.reason),  # after the commands queued before it
         })  # fmt: skip
         return [self.control, self.sending]

@@ -34,7 +34,6 @@ from engine.outputs import RequestOutput
 from engine.remote_kv import add_prefill_request, release_blocks
 from engine.scheduler import SchedulerOutput
 from wire.codec import decode, encode
-from kvtransfer.connector import TransferTimeouts
 from runtime.engine_bridge import sampling_params, token_logprobs
 from kvtransfer.faults import TransportFaults
 from wire.ranks import DropShard, RankAck, RankEndpoint, ShardOrder, ShardOrders
@@ -48,17 +47,14 @@ from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
 from runtime.router_lease import RouterLease, due
+from runtime.worker_config import WorkerConfig
 
 logger = logging.getLogger("tandem.prefill")
 
 
 @dataclass(frozen=True)
-class PrefillWorkerConfig:
+class PrefillWorkerConfig(WorkerConfig):
     name: str = "prefill-0"
-    timeouts: TransferTimeouts = TransferTimeouts()
-    control_address: str = "tcp://127.0.0.1:0"  # tensor parallel: rank 0's and the followers' (keep port 0)
-    rank_ack_timeout_s: float = 10.0  # a follower that does not acknowledge a release is given up on after it
-    router_lease_s: float = 60.0  # no control call for this long: the router is gone, drop what we hold
     transport_faults: TransportFaults = TransportFaults()  # fault-injection tests only
 
 
@@ -101,7 +97,7 @@ class PrefillWorker(RequestTable):
     def attach_followers(self, call: Call) -> None:
         """Tensor parallel: reach the follower ranks' senders (`RankEndpoint`s, encoded)."""
         endpoints = [decode(e, RankEndpoint) for e in call.arg]
-        self.ranks = RankLinks(endpoints, self.config.rank_ack_timeout_s, self.config.control_address)
+        self.ranks = RankLinks(endpoints, self.config.rank_ack_timeout_s, self.config.bind_address)
         call.answer(None)
 
     # ---- the KV connector (engine.kv_connector), on this thread inside engine.step ------

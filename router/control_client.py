@@ -1,9 +1,9 @@
 """The router's side of a worker's control socket: one DEALER per worker on the router's event loop.
 
-`control_endpoint(address)` is the same async endpoint as `AsyncEncodedCalls`
-over Ray (`reserve`, `prefill`, `abort`, `load`), so the handoff, the registry
-and the dispatcher do not know which one they hold. Many calls are in flight
-on one socket; replies come in any order and are matched by call id.
+`control_endpoint(address)` is a worker as the router sees it: typed async
+`reserve`, `prefill`, `abort` and `load` (a `ControlEndpoint`), the one way a
+request reaches a worker. Many calls are in flight on one socket; replies come
+in any order and are matched by call id.
 
 The connection, as the socket monitor tells it (a disconnect is not a death:
 ZMQ reconnects, and only the registry's `wire.liveness` judges a worker):
@@ -35,8 +35,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from wire.codec import DecodeError, decode, encode
 from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
-from router.handoff import AsyncEncodedCalls
-from wire.control import ControlCall, ControlReply
+from wire.control import CallPayload, ControlCall, ControlReply, ReplyPayload
+from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, ReserveRefused, WorkerLoad
 from wire.socket_security import ClusterKey, connect_secured, open_monitor
 
 logger = logging.getLogger("tandem.kvtransfer")
@@ -89,7 +89,7 @@ class ControlClient:
         self.reconnects = 0
         self.late_replies = self.dropped = 0  # replies after their call ended; frames that were no reply
 
-    async def call(self, method: str, payload: bytes | str | None) -> bytes | str | None:
+    async def call(self, method: str, payload: CallPayload) -> ReplyPayload:
         """Send one call and wait for its reply payload (raises as the module docstring says)."""
         if self.closed_reason:
             raise WorkerGone(self.closed_reason)
@@ -211,8 +211,35 @@ class ControlClient:
                 future.set_exception(error)
 
 
+class ControlEndpoint:
+    """A worker as the router calls it; owns its `ControlClient` (`close()` on the client's event loop)."""
+
+    def __init__(self, client: ControlClient):
+        self.client = client
+
+    def close(self) -> None:
+        """Release the socket; idempotent. Later calls fail with `WorkerGone`."""
+        self.client.close()
+
+    async def reserve(self, request: GenerateRequest) -> DecodeReservation | ReserveRefused:
+        return self._expect(await self.client.call("reserve", request), (DecodeReservation, ReserveRefused))
+
+    async def prefill(self, task: PrefillTask) -> None:
+        await self.client.call("prefill", task)
+
+    async def abort(self, request_id: str) -> None:
+        await self.client.call("abort", request_id)
+
+    async def load(self) -> WorkerLoad:
+        return self._expect(await self.client.call("load", None), WorkerLoad)
+
+    def _expect(self, payload: ReplyPayload, kind):
+        if not isinstance(payload, kind):  # the worker answered another call's kind of reply: its bug
+            raise CallFailed(f"{self.client.address} answered {type(payload).__name__}")
+        return payload
+
+
 def control_endpoint(address: str, timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-                     key: ClusterKey | None = None) -> AsyncEncodedCalls:  # fmt: skip
-    """A worker's async endpoint (`reserve` / `prefill` / `abort` / `load`) over its control socket at `address`."""
-    client = ControlClient(address, timeout_s, key)
-    return AsyncEncodedCalls(client.call, client.close)
+                     key: ClusterKey | None = None) -> ControlEndpoint:  # fmt: skip
+    """A worker's endpoint over its control socket at `address`, presenting `key` (None: this process's)."""
+    return ControlEndpoint(ControlClient(address, timeout_s, key))

@@ -4,7 +4,7 @@
       pick decode (free blocks) and prefill (the routing policy; none when no prefill worker can take it:
                `router.local_prefill`, then the request carries `local_prefill` and decode prefills it);
                in_flight += 1 on each
-      handoff: `router.handoff.start_request_async` (reserve on decode, retry while full,
+      handoff: `router.handoff.start_request` (reserve on decode, retry while full,
                PrefillTask to prefill; abort both on failure)
     Generation.chunks()   tokens in order from the token stream
       decode's first token (the second one) or the final delta -> prefill's part is over (the prompt's
@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
-from router.handoff import HandoffTimeouts, abort_request_async, start_request_async
+from router.handoff import HandoffTimeouts, abort_request, start_request
 from wire.requests import GenerateRequest, SamplingSpec, TokenDelta
 from router.local_prefill import LocalPrefillRule, choose_prefill
 from router.migration import resumed_request
@@ -143,7 +143,7 @@ class Dispatcher:
         if gen.prefill is not None:
             gen.prefill.in_flight += 1
         try:
-            reservation = await start_request_async(
+            reservation = await start_request(
                 request, gen.decode.endpoint, gen.prefill.endpoint if gen.prefill else None, self.timeouts
             )
         except BaseException:
@@ -183,7 +183,7 @@ class Dispatcher:
             return
         if decode_ep is None:  # decode died: the prefill worker may still hold the prompt's blocks
             decode_ep, prefill_ep = prefill_ep, None
-        task = asyncio.get_running_loop().create_task(abort_request_async(request_id, decode_ep, prefill_ep))
+        task = asyncio.get_running_loop().create_task(abort_request(request_id, decode_ep, prefill_ep))
         self._background.add(task)
         task.add_done_callback(self._abort_done)
 

@@ -105,7 +105,7 @@ class WorkerRegistry:
 
     # ---- membership (called by the cluster) -------------------------------
     def register(self, name: str, role: Role, endpoint) -> WorkerState:
-        """Add a worker; `endpoint` has async `reserve`/`prefill`, `abort`, `load` (e.g. `AsyncEncodedCalls`)."""
+        """Add a worker; `endpoint` has async `reserve`/`prefill`, `abort`, `load` (a `router.control_client.ControlEndpoint`)."""
         old = self.workers.get(name)
         if old is not None and old.alive:
             raise ValueError(f"worker {name!r} is already registered")

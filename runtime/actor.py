@@ -9,9 +9,8 @@
 
 The actor must be threaded (`max_concurrency` > 1, see `ACTOR_OPTIONS`): a
 heartbeat is answered while `start` or `shutdown` runs. Role subclasses say
-how to build the worker (`make_worker`). `reserve` / `prefill` / `abort` as
-Ray methods exist for tests that drive workers without a router; the router
-uses the control socket.
+how to build the worker (`make_worker`). Requests never come over Ray: the
+router (and every test that plays it) calls the control socket.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import Callable
 from wire.codec import encode
 from runtime.hosting import HostedWorker
 from runtime.load_board import LoadBoard
+from runtime.worker_config import on_this_node
 
 # Options every worker actor needs: a thread for heartbeats beside a long start or shutdown.
 ACTOR_OPTIONS = {"max_concurrency": 8}
@@ -33,20 +33,15 @@ class WorkerActor:
             import torch
 
             torch.set_num_threads(torch_threads)  # several actors share the host's cores
-        self.engine_args, self.config, self.name = engine_args, config, config.name
+        self.engine_args, self.config, self.name = engine_args, on_this_node(config), config.name
         self.board = LoadBoard(config.name)
         self.hosted: HostedWorker | None = None
         if start:
             self._host(engine_args)
 
     def make_worker(self, engine_args) -> Callable:
-        """`(board, deliver) -> LoopWorker` for this role, binding its control socket at `control_bind_address()`."""
+        """`(board, deliver) -> LoopWorker` for this role, binding its sockets on `config.host`."""
         raise NotImplementedError
-
-    def control_bind_address(self) -> str:
-        """Where the control socket binds (port 0: any free one); actors whose router is on another node
-        bind their node's address."""
-        return "tcp://127.0.0.1:0"
 
     def _host(self, engine_args) -> None:
         self.hosted = HostedWorker(self.name, self.make_worker(engine_args), self.board)
@@ -85,7 +80,3 @@ class WorkerActor:
         all_free = self.hosted.is_clean()
         self.hosted.stop()
         return all_free
-
-    # ---- calls without a router (tests) ---------------------------------------------
-    def abort(self, request_id: str) -> None:
-        self.hosted.call("abort", request_id)

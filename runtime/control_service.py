@@ -23,7 +23,7 @@ import zmq
 
 from wire.codec import DecodeError, decode, encode
 from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
-from wire.control import ControlCall, ControlReply
+from wire.control import ControlCall, ControlReply, ReplyPayload
 from wire.socket_security import bind_secured, refuse
 from runtime.load_board import LoadBoard
 
@@ -53,15 +53,18 @@ class SendReply:
     reply: ControlReply
 
 
-def _payload(result) -> bytes | str | None:
-    """A reply's payload: a protocol message encoded; a request id, bytes or None as they are."""
-    return result if result is None or isinstance(result, (bytes, str)) else encode(result)
+def payload_of(kind: type) -> Callable[[object], object]:
+    """A decoder for calls whose payload must be a `kind` (a message type, or str for a request id)."""
+
+    def check(payload):
+        if not isinstance(payload, kind):
+            raise ValueError(f"expected {kind.__name__}, got {type(payload).__name__}")
+        return payload
+
+    return check
 
 
-def request_id_arg(payload) -> str:
-    if not isinstance(payload, str):
-        raise ValueError(f"expected a request id, got {type(payload).__name__}")
-    return payload
+request_id_arg = payload_of(str)
 
 
 class ControlService:
@@ -108,7 +111,7 @@ class ControlService:
             return self._drop(str(e))
         self.board.router_seen()
         if call.method == "load":
-            return self._send(identity, ControlReply(call.call_id, encode(self.board.heartbeat())))
+            return self._send(identity, ControlReply(call.call_id, self.board.heartbeat()))
         try:
             arg = self._decoder(call.method)(call.payload)
         except ValueError as e:  # DecodeError is one: the call's fault
@@ -128,11 +131,10 @@ class ControlService:
 
     def _answerer(self, identity: bytes, call_id: int) -> Callable[..., None]:
         def answer(result=None, error: BaseException | None = None) -> None:
-            if error is None:
-                try:
-                    reply = ControlReply(call_id, _payload(result))
-                except TypeError as e:  # the loop answered with something that is no message: a bug, say so
-                    reply = ControlReply(call_id, error=f"unencodable reply: {e}")
+            if error is None and not isinstance(result, ReplyPayload):  # a bug in the loop: say so
+                reply = ControlReply(call_id, error=f"unencodable reply: {type(result).__name__}")
+            elif error is None:
+                reply = ControlReply(call_id, result)
             else:
                 reply = ControlReply(call_id, error=f"{type(error).__name__}: {error}",
                                      rejected=isinstance(error, ValueError))  # fmt: skip

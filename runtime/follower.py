@@ -21,6 +21,7 @@ import threading
 from engine.config import EngineConfig
 from engine.parallel.follower import TPFollower
 from runtime.io_thread import IOThread
+from runtime.worker_config import on_this_node
 
 logger = logging.getLogger("tandem.runtime")
 
@@ -81,7 +82,7 @@ class FollowerActor:
             import torch
 
             torch.set_num_threads(torch_threads)
-        self.engine_args, self.config, self.rank = engine_args, config, rank
+        self.engine_args, self.config, self.rank = engine_args, on_this_node(config), rank
         self.name = f"{config.name}-rank{rank}"  # config: the role's worker config (it has a name)
         self.host: FollowerHost | None = None
 

@@ -9,7 +9,7 @@ prefill pushes the first token and the final delta at once. So what is measured
 is the router alone. Three measurements, same run:
 
   decisions   `WorkerRegistry.pick_prefill` + `pick_decode` in a loop (policy and decode choice, no I/O)
-  direct      baseline: the handoff (`start_request_async`) and the token stream driven straight at the
+  direct      baseline: the handoff (`start_request`) and the token stream driven straight at the
               stubs from one event loop, no router, no HTTP
   router      POST /v1/completions (text prompt, non-streaming) to the router, served by uvicorn in its
               own process(es), from an aiohttp client; added latency = router p50/p99 - direct p50/p99
@@ -40,7 +40,7 @@ import bench_report
 
 from decode_worker.actor import DECODE_CALLS
 from router.control_client import control_endpoint
-from router.handoff import start_request_async
+from router.handoff import start_request
 from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, SamplingSpec, TokenDelta, WorkerLoad
 from wire.push_pull import Pushers
 from prefill_worker.actor import PREFILL_CALLS
@@ -137,7 +137,7 @@ async def bench_direct(addresses, prompt_ids, max_tokens, requests, concurrency)
     async def one(i):
         rid = f"direct-{concurrency}-{i}"
         outputs = stream.open(rid)
-        await start_request_async(GenerateRequest(rid, prompt_ids, sampling, stream.address), decode_ep, prefill_ep)
+        await start_request(GenerateRequest(rid, prompt_ids, sampling, stream.address), decode_ep, prefill_ep)
         async for _ in outputs.chunks():
             pass
         stream.close_request(rid)

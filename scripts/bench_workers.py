@@ -15,6 +15,7 @@ serves one short warm-up request before the timed batch.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import random
 import statistics
@@ -29,7 +30,8 @@ from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs, SamplingParams
 from engine.model_source import resolve_model
 from runtime.engine_bridge import sampling_spec
-from router.handoff import EncodedCalls, start_request
+from router.control_client import ControlEndpoint, control_endpoint
+from router.handoff import start_request
 from wire.requests import GenerateRequest
 from wire.push_pull import TokenStream
 from prefill_worker.actor import start_prefill_actor
@@ -37,8 +39,9 @@ from prefill_worker.actor import start_prefill_actor
 MODES = ("colocated", "disaggregated")
 
 
-def endpoint(handle) -> EncodedCalls:
-    return EncodedCalls(lambda method, payload: ray.get(getattr(handle, method).remote(payload)))
+def endpoint(handle) -> ControlEndpoint:
+    """The worker's control socket, as the router reaches it (call on the event loop that uses it)."""
+    return control_endpoint(ray.get(handle.control_address.remote()))
 
 
 def workload(args) -> list[list[int]]:
@@ -57,12 +60,34 @@ def start_actors(mode: str, engine_args: EngineArgs, threads: int):
     return decode, prefill, [decode, prefill]
 
 
-def warm_up(stream: TokenStream, params, d_ep, p_ep, mode: str) -> None:
+async def warm_up(stream: TokenStream, params, d_ep, p_ep, mode: str) -> None:
     """One short request first: first-forward costs (page faults, kernel set-up) stay out of the timings."""
     rid = f"{mode}-warm-up"
-    start_request(GenerateRequest(rid, tuple(range(10, 74)), params, stream.address), d_ep, p_ep)
+    await start_request(GenerateRequest(rid, tuple(range(10, 74)), params, stream.address), d_ep, p_ep)
     while not stream.finished(rid):
         stream.poll(5)
+
+
+async def drive(mode: str, decode, prefill, stream: TokenStream, params, prompts):
+    """Every prompt through the handoff, then the stream read to the end: (submit times, token arrivals, wall)."""
+    d_ep, p_ep = endpoint(decode), endpoint(prefill) if prefill else None
+    try:
+        await warm_up(stream, params, d_ep, p_ep, mode)
+        submitted, arrivals = {}, {}
+        start = time.perf_counter()
+        for i, prompt in enumerate(prompts):
+            rid = f"{mode}-{i}"
+            submitted[rid] = time.perf_counter()
+            await start_request(GenerateRequest(rid, tuple(prompt), params, stream.address), d_ep, p_ep)
+        while not all(stream.finished(rid) for rid in submitted):  # the stream's reader is synchronous
+            for delta in stream.poll(5):
+                if delta.token_ids:
+                    arrivals.setdefault(delta.request_id, []).append(time.perf_counter())
+        return submitted, arrivals, time.perf_counter() - start
+    finally:
+        for ep in (d_ep, p_ep):
+            if ep is not None:
+                ep.close()
 
 
 def run_mode(mode: str, args, prompts) -> dict:
@@ -71,19 +96,7 @@ def run_mode(mode: str, args, prompts) -> dict:
     stream = TokenStream()
     params = sampling_spec(SamplingParams(temperature=0, max_tokens=args.output_tokens, ignore_eos=True))
     try:
-        d_ep, p_ep = endpoint(decode), endpoint(prefill) if prefill else None
-        warm_up(stream, params, d_ep, p_ep, mode)
-        submitted, arrivals = {}, {}
-        start = time.perf_counter()
-        for i, prompt in enumerate(prompts):
-            rid = f"{mode}-{i}"
-            submitted[rid] = time.perf_counter()
-            start_request(GenerateRequest(rid, tuple(prompt), params, stream.address), d_ep, p_ep)
-        while not all(stream.finished(rid) for rid in submitted):
-            for delta in stream.poll(5):
-                if delta.token_ids:
-                    arrivals.setdefault(delta.request_id, []).append(time.perf_counter())
-        wall = time.perf_counter() - start
+        submitted, arrivals, wall = asyncio.run(drive(mode, decode, prefill, stream, params, prompts))
     finally:
         for actor in actors:
             ray.get(actor.shutdown.remote())

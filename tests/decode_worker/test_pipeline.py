@@ -10,13 +10,13 @@ import pytest
 from decode_worker.actor import decode_worker_maker
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs, SamplingParams
-from router.handoff import HandoffError, HandoffTimeouts, abort_request, start_request
+from router.handoff import HandoffError, HandoffTimeouts
 from wire.push_pull import TokenStream
 from prefill_worker.actor import prefill_worker_maker
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.hosting import HostedWorker
 from tests.conftest import hf_greedy
-from tests.e2e.harness import PROMPTS, LoopEndpoint, request, run_requests, wait_for
+from tests.e2e.harness import PROMPTS, Driver, abort_request, request, run_requests, start_request, wait_for
 
 
 def _args(model_dir: str, **kwargs) -> EngineArgs:
@@ -28,12 +28,13 @@ def _workers(model_dir: str, decode_config=DecodeWorkerConfig(), decode_args=Non
     """A prefill and a decode worker hosted here; checks both pools are all free before stopping them."""
     prefill = HostedWorker("prefill", prefill_worker_maker(prefill_args or _args(model_dir), PrefillWorkerConfig()))
     decode = HostedWorker("decode", decode_worker_maker(decode_args or _args(model_dir), decode_config))
-    stream = TokenStream()
+    stream, driver = TokenStream(), Driver()
     try:
-        yield LoopEndpoint(decode), LoopEndpoint(prefill), stream
+        yield driver.endpoint(decode), driver.endpoint(prefill), stream
         for hosted in (prefill, decode):
             wait_for(hosted.is_clean, f"{hosted.name} to go idle with every block free")
     finally:
+        driver.close()
         prefill.stop()
         decode.stop()
         stream.close()
@@ -50,7 +51,7 @@ def test_disaggregated_matches_transformers_and_reuses_prefixes(tiny_model_dirs,
         # A second wave on the same prefixes: decode keeps its cached blocks and receives only the rest.
         again = {f"again-{rid}": prompt for rid, prompt in PROMPTS.items()}
         results2, reservations2 = run_requests(stream, again, lambda i: (decode, prefill))
-        load = prefill.hosted.heartbeat()
+        load = prefill.load()  # over its control socket, as the router polls it
     for rid, prompt in PROMPTS.items():
         expected = hf_greedy(model_dir, prompt, 8)
         assert results[rid].token_ids == expected, rid

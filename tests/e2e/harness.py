@@ -1,12 +1,16 @@
-"""Driving prefill and decode workers through the real handoff, hosted in-process or on Ray."""
+"""Driving prefill and decode workers through the real handoff over their control sockets, hosted in-process or on Ray."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 
 from engine import SamplingParams
+from router import handoff
+from router.control_client import control_endpoint
+from router.handoff import HandoffTimeouts
 from runtime.engine_bridge import sampling_spec
-from router.handoff import EncodedCalls, HandoffTimeouts, start_request
 from wire.requests import GenerateRequest
 from wire.push_pull import StreamedRequest, TokenStream
 
@@ -24,27 +28,73 @@ PROMPTS = {
 }
 
 
-class LoopEndpoint:
-    """A worker hosted in this process (`runtime.hosting.HostedWorker`), called like a remote one:
-    each call goes through its loop as the router's do."""
+class Driver:
+    """The router's side of the handoff for a synchronous test: each worker is called over its control
+    socket, as `tandem serve`'s router calls it, from an event loop on a thread of its own."""
 
-    def __init__(self, hosted):
-        self.hosted = hosted
+    def __init__(self):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="test-router-loop", daemon=True)
+        self._thread.start()
+        self._endpoints: list = []
+
+    def run(self, coro):
+        """Run `coro` on the driver's loop; its result (or exception) here."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def endpoint(self, worker) -> "Endpoint":
+        """`worker`: a hosted worker (`runtime.hosting.HostedWorker`) or a Ray actor handle of a rank 0."""
+        address = worker.worker.control_address if hasattr(worker, "worker") else _ray_control_address(worker)
+
+        async def connect():
+            return control_endpoint(address)
+
+        endpoint = Endpoint(self, self.run(connect()))
+        self._endpoints.append(endpoint)
+        return endpoint
+
+    def close(self) -> None:
+        async def close_all():
+            for endpoint in self._endpoints:
+                endpoint.calls.close()
+
+        self.run(close_all())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+class Endpoint:
+    """A worker's `ControlEndpoint` (`calls`, async, on the driver's loop), callable from the test's thread."""
+
+    def __init__(self, driver: Driver, calls):
+        self.driver, self.calls = driver, calls
 
     def reserve(self, request):
-        return self.hosted.call("reserve", request)
+        return self.driver.run(self.calls.reserve(request))
 
     def prefill(self, task) -> None:
-        self.hosted.call("prefill", task)
+        self.driver.run(self.calls.prefill(task))
 
     def abort(self, request_id: str) -> None:
-        self.hosted.call("abort", request_id)
+        self.driver.run(self.calls.abort(request_id))
+
+    def load(self):
+        return self.driver.run(self.calls.load())
 
 
-def ray_endpoint(handle) -> EncodedCalls:
+def _ray_control_address(handle) -> str:
     import ray
 
-    return EncodedCalls(lambda method, payload: ray.get(getattr(handle, method).remote(payload)))
+    return ray.get(handle.control_address.remote())
+
+
+def start_request(request, decode: Endpoint, prefill: Endpoint | None, timeouts=HandoffTimeouts()):
+    """The router's handoff (`router.handoff.start_request`) for these workers; its reservation."""
+    return decode.driver.run(handoff.start_request(request, decode.calls, prefill and prefill.calls, timeouts))
+
+
+def abort_request(request_id: str, decode: Endpoint, prefill: Endpoint | None) -> None:
+    decode.driver.run(handoff.abort_request(request_id, decode.calls, prefill and prefill.calls))
 
 
 def request(request_id: str, prompt, stream: TokenStream, params: SamplingParams = GREEDY) -> GenerateRequest:

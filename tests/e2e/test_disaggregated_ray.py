@@ -16,7 +16,7 @@ from wire.push_pull import TokenStream
 from prefill_worker.actor import start_prefill_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from tests.conftest import hf_greedy
-from tests.e2e.harness import PROMPTS, ray_endpoint, run_requests, wait_for
+from tests.e2e.harness import PROMPTS, Driver, run_requests, wait_for
 
 
 @contextlib.contextmanager
@@ -25,14 +25,15 @@ def _cluster(ray, model_dir: str, num_prefill: int, local_prefill_threshold: int
     prefills = [start_prefill_actor(args, PrefillWorkerConfig(f"prefill-{i}")) for i in range(num_prefill)]
     decode = start_decode_actor(args, DecodeWorkerConfig("decode-0", local_prefill_threshold=local_prefill_threshold))
     actors = [decode, *prefills]
-    stream = TokenStream()
+    stream, driver = TokenStream(), Driver()
     try:
-        yield ray_endpoint(decode), [ray_endpoint(p) for p in prefills], stream
+        yield driver.endpoint(decode), [driver.endpoint(p) for p in prefills], stream
         for actor in actors:
             wait_for(lambda: ray.get(actor.is_idle.remote()), "workers to go idle")
         # shutdown() answers whether the pool was all free, then stops the step loop and closes sockets.
         assert ray.get([actor.shutdown.remote() for actor in actors]) == [True] * len(actors)
     finally:
+        driver.close()
         for actor in actors:
             ray.kill(actor, no_restart=True)
         stream.close()

@@ -19,12 +19,11 @@ from decode_worker.actor import start_decode_actor, start_decode_tp_actors
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
 from kvtransfer.connector import TransferTimeouts
-from router.handoff import start_request
 from wire.push_pull import TokenStream
 from prefill_worker.actor import start_prefill_actor, start_prefill_tp_actors
 from prefill_worker.worker import PrefillWorkerConfig
 from tests.conftest import hf_greedy
-from tests.e2e.harness import PROMPTS, ray_endpoint, request, run_requests, wait_for
+from tests.e2e.harness import PROMPTS, Driver, request, run_requests, start_request, wait_for
 
 
 class _Single:
@@ -54,7 +53,7 @@ def _cluster(ray, model_dir: str, prefill_tp: int, decode_tp: int, timeouts: Tra
     def args(tp: int) -> EngineArgs:
         return EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256, tensor_parallel_size=tp)
 
-    workers, stream = [], TokenStream()
+    workers, stream, driver = [], TokenStream(), Driver()
     try:
         decode_config = DecodeWorkerConfig("decode-tp", timeouts=timeouts, kv_transfer_failure=kv_transfer_failure)
         workers.append(_start(args(decode_tp), decode_config, start_decode_actor, start_decode_tp_actors))
@@ -62,12 +61,13 @@ def _cluster(ray, model_dir: str, prefill_tp: int, decode_tp: int, timeouts: Tra
                               start_prefill_tp_actors))  # fmt: skip
         decode, prefill = workers
         assert ray.get([worker.rank0.is_idle.remote() for worker in workers]) == [True, True]  # built and serving
-        yield ray_endpoint(decode.rank0), ray_endpoint(prefill.rank0), stream
+        yield driver.endpoint(decode.rank0), driver.endpoint(prefill.rank0), stream
         for worker in workers:
             wait_for(lambda: ray.get(worker.rank0.is_idle.remote()), "workers to go idle")
         # Rank 0: pool all free; followers: forward loop ended, nothing held by their KV sender/receiver.
         assert [worker.shutdown() for worker in workers] == [[True] * decode_tp, [True] * prefill_tp]
     finally:
+        driver.close()
         for worker in workers:
             worker.kill()
         stream.close()
@@ -101,15 +101,15 @@ class _RankOneUnreachable:
     """The prefill endpoint, handed a reservation whose decode rank 1 address leads nowhere."""
 
     def __init__(self, prefill):
-        self.prefill_ep = prefill
+        self.driver, self.calls, self._calls = prefill.driver, self, prefill.calls
 
-    def prefill(self, task) -> None:
+    async def prefill(self, task) -> None:
         res = task.reservation
         bad = dataclasses.replace(res, kv_addresses=(res.kv_addresses[0], "tcp://127.0.0.1:9"))
-        self.prefill_ep.prefill(dataclasses.replace(task, reservation=bad))
+        await self._calls.prefill(dataclasses.replace(task, reservation=bad))
 
-    def abort(self, request_id: str) -> None:
-        self.prefill_ep.abort(request_id)
+    async def abort(self, request_id: str) -> None:
+        await self._calls.abort(request_id)
 
 
 def test_failed_shards_end_the_request_on_every_rank(ray_session, tiny_model_dirs):

@@ -147,7 +147,7 @@ def test_worker_errors_and_bad_calls_raise_their_kinds(looped):
         with pytest.raises(CallFailed, match="the worker broke"):
             await client.call("echo", "fail")
         with pytest.raises(CallRejected, match="echo takes a string"):
-            await client.call("echo", b"bytes")
+            await client.call("echo", None)
         with pytest.raises(CallRejected, match="unknown method"):
             await client.call("shutdown", None)
         return await client.call("echo", "still here")

@@ -1,0 +1,36 @@
+"""What every worker of either role is configured with: its name, where it binds, how long it waits."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvtransfer.connector import TransferTimeouts
+
+# `host` value: bind on this node's Ray address (resolved in the actor, on its node), so that a router,
+# prefill workers or follower ranks on other machines reach the sockets.
+NODE_IP = "node-ip"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    name: str
+    timeouts: TransferTimeouts = TransferTimeouts()
+    # Every socket the worker binds (control, KV receiver, inbox, TP rank links) binds here, on any free port.
+    host: str = "127.0.0.1"
+    rank_ack_timeout_s: float = 10.0  # tensor parallel: a follower that does not acknowledge is given up on
+    router_lease_s: float = 60.0  # no control call for this long: the router is gone, end what we hold
+
+    @property
+    def bind_address(self) -> str:
+        """A ZMQ address on `host`, port 0 (the socket says which port it got)."""
+        return f"tcp://{self.host}:0"
+
+
+def on_this_node(config: WorkerConfig) -> WorkerConfig:
+    """`config` with `NODE_IP` resolved to this node's Ray address (asked of Ray only then)."""
+    if config.host != NODE_IP:
+        return config
+    import ray
+
+    return dataclasses.replace(config, host=ray.util.get_node_ip_address())
