@@ -30,24 +30,24 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from cluster.actor_names import detached, rank0_name
+from cluster.actor_names import detached, follower_name, group_name, rank0_name
 from cluster.heartbeat import Answer
 from cluster.spec import ClusterSpec, PoolSpec
-from cluster.tp_launch import start_named_tp
-from decode_worker.actor import DecodeActor, DecodeFollowerActor
+from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine.llm_engine import EngineArgs
 from wire.codec import decode
 from router.control_client import ControlEndpoint, control_endpoint
 from wire.requests import WorkerLoad
 from wire.socket_security import ClusterKey, worker_runtime_env
-from prefill_worker.actor import PrefillActor, PrefillFollowerActor
+from prefill_worker.actor import PrefillActor
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.actor import ACTOR_OPTIONS
+from runtime.ray_group import TPNames, start_tp_actors
 from runtime.worker_config import NODE_IP
 
-# One actor class per role and rank kind; where it binds is its config's `host`.
-ACTOR_CLASSES = {"prefill": (PrefillActor, PrefillFollowerActor), "decode": (DecodeActor, DecodeFollowerActor)}
+# One actor class per role, for every TP rank; where it binds is its config's `host`.
+ACTOR_CLASSES = {"prefill": PrefillActor, "decode": DecodeActor}
 COLOCATED_THRESHOLD = 1 << 62  # more uncached tokens than any prompt has: prefill everything locally
 
 
@@ -194,6 +194,15 @@ def bind_host(spec: ClusterSpec) -> str:
     return NODE_IP if spec.data_plane == "node_ip" else "127.0.0.1"
 
 
+def tp_names(namespace: str | None, worker: str, restarts: int) -> TPNames | None:
+    """Every rank and the group named in the deployment's namespace, detached (None: unnamed)."""
+    if namespace is None:
+        return None
+    return TPNames(lambda rank: detached(namespace, follower_name(worker, restarts, rank) if rank
+                                         else rank0_name(worker, restarts)),
+                   group_name(namespace, worker, restarts))  # fmt: skip
+
+
 def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace: str | None = None) -> PoolWorker:
     """Start one worker of `role`'s pool named `name`, placed as its pool says (TP=1: returns at once).
 
@@ -202,15 +211,15 @@ def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace
 
     pool, args = spec.pool(role), engine_args_for(spec, role)
     config = PrefillWorkerConfig(name, host=bind_host(spec)) if role == "prefill" else decode_config(spec, name)
-    rank0_cls, follower_cls = ACTOR_CLASSES[role]
+    actor_cls = ACTOR_CLASSES[role]
     key_env = {"runtime_env": worker_runtime_env(ClusterKey.parse(spec.cluster_key))} if spec.cluster_key else {}
     if pool.tensor_parallel_size == 1:
         named = detached(namespace, rank0_name(name, restarts))
         options = {"num_cpus": 0, **ACTOR_OPTIONS, **placement_options(pool), **key_env, **named}
-        rank0 = ray.remote(rank0_cls).options(**options).remote(args, config, pool.torch_threads)
+        rank0 = ray.remote(actor_cls).options(**options).remote(args, config, pool.torch_threads)
         return PoolWorker(name, role, rank0, restarts=restarts)
     bundle = {**pool.resources, **({"GPU": pool.num_gpus} if pool.num_gpus else {})}
-    tp = start_named_tp(rank0_cls, follower_cls, args, config, pool.torch_threads, spec.health.start_timeout_s,
-                        namespace, name, restarts, bundle=bundle, label_selector=dict(pool.node_labels) or None,
-                        **ACTOR_OPTIONS, **key_env)  # fmt: skip
+    tp = start_tp_actors(actor_cls, args, config, pool.torch_threads, spec.health.start_timeout_s, bundle=bundle,
+                         label_selector=dict(pool.node_labels) or None, names=tp_names(namespace, name, restarts),
+                         **ACTOR_OPTIONS, **key_env)  # fmt: skip
     return PoolWorker(name, role, tp.rank0, tp, restarts=restarts)

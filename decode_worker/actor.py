@@ -1,10 +1,10 @@
 """The decode worker as Ray actors, and how one is built in any process.
 
-TP=1: one `DecodeActor` (`start_decode_actor`). TP=n (`start_decode_tp_actors`):
-rank 0 is a `DecodeActor` whose engine schedules and broadcasts each step;
-ranks 1..n-1 are `DecodeFollowerActor`s running the forward loop and a
-`DecodeFollower`, all in one STRICT_PACK placement group. `decode_worker_maker`
-builds the worker itself (for an actor, or a test that hosts it in-process).
+One actor class, `DecodeActor`, for every rank. TP=1: one actor (`start_decode_actor`).
+TP=n (`start_decode_tp_actors`): n of them in one STRICT_PACK placement group, rank 0
+the worker itself, ranks 1..n-1 the forward loop and a `DecodeFollower` for their KV
+heads. `decode_worker_maker` builds the worker (for an actor, or a test that hosts it
+in-process).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from kvtransfer.receiver import KVReceiver
 from wire.push_pull import PullSocket, Pushers
 from runtime.actor import ACTOR_OPTIONS, WorkerActor
 from runtime.control_service import ControlService, payload_of, request_id_arg
-from runtime.follower import FollowerActor
 from runtime.io_thread import IOThread
 
 # The router's calls a decode worker's control socket takes (load is answered by the socket itself).
@@ -51,20 +50,17 @@ def decode_worker_maker(engine_args: EngineArgs, config: DecodeWorkerConfig):
 
 
 class DecodeActor(WorkerActor):
-    """Rank 0 (the worker's face): Ray methods for the lifecycle; the router calls its control socket."""
+    """Every rank of a decode worker (`runtime.actor.WorkerActor`): rank 0 (or TP=1) the worker, the router
+    calling its control socket; rank r > 0 a `DecodeFollower` for its KV heads."""
 
     def __init__(self, engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(),
-                 torch_threads: int | None = 1, start: bool = True):  # fmt: skip
-        super().__init__(engine_args, config, torch_threads, start)
+                 torch_threads: int | None = 1, rank: int | None = None):  # fmt: skip
+        super().__init__(engine_args, config, torch_threads, rank)
 
     def make_worker(self, engine_args):
         return decode_worker_maker(engine_args, self.config)
 
-
-class DecodeFollowerActor(FollowerActor):
-    """Decode rank > 0: the forward loop and a `DecodeFollower` for this rank's KV heads."""
-
-    def role(self) -> DecodeFollower:
+    def follower_role(self) -> DecodeFollower:
         return DecodeFollower(self.config)
 
 
@@ -81,6 +77,5 @@ def start_decode_actor(
 def start_decode_tp_actors(
     engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(), torch_threads: int | None = 1, **options
 ) -> TPActors:
-    """engine_args.tensor_parallel_size actors on one node; `.rank0` is the worker's handle (`options` go to it)."""
-    return start_tp_actors(DecodeActor, DecodeFollowerActor, engine_args, config, torch_threads,
-                           **{**ACTOR_OPTIONS, **options})
+    """engine_args.tensor_parallel_size actors on one node; `.rank0` is the worker's handle (`options` go to every rank)."""
+    return start_tp_actors(DecodeActor, engine_args, config, torch_threads, **{**ACTOR_OPTIONS, **options})

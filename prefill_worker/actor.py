@@ -1,10 +1,10 @@
 """The prefill worker as Ray actors, and how one is built in any process.
 
-TP=1: one `PrefillActor` (`start_prefill_actor`). TP=n (`start_prefill_tp_actors`):
-rank 0 is a `PrefillActor` whose engine schedules and broadcasts each step;
-ranks 1..n-1 are `PrefillFollowerActor`s running the forward loop and a
-`PrefillFollower`, all in one STRICT_PACK placement group. `prefill_worker_maker`
-builds the worker itself (for an actor, or a test that hosts it in-process).
+One actor class, `PrefillActor`, for every rank. TP=1: one actor (`start_prefill_actor`).
+TP=n (`start_prefill_tp_actors`): n of them in one STRICT_PACK placement group, rank 0
+the worker itself, ranks 1..n-1 the forward loop and a `PrefillFollower` for their KV
+heads. `prefill_worker_maker` builds the worker (for an actor, or a test that hosts it
+in-process).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from prefill_worker.kv_sending import KVSending
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
 from runtime.actor import ACTOR_OPTIONS, WorkerActor
 from runtime.control_service import ControlService, payload_of, request_id_arg
-from runtime.follower import FollowerActor
 from runtime.io_thread import IOThread
 
 # The router's calls a prefill worker's control socket takes (load is answered by the socket itself).
@@ -49,20 +48,17 @@ def prefill_worker_maker(engine_args: EngineArgs, config: PrefillWorkerConfig):
 
 
 class PrefillActor(WorkerActor):
-    """Rank 0 (the worker's face): Ray methods for the lifecycle; the router calls its control socket."""
+    """Every rank of a prefill worker (`runtime.actor.WorkerActor`): rank 0 (or TP=1) the worker, the router
+    calling its control socket; rank r > 0 a `PrefillFollower` for its KV heads."""
 
     def __init__(self, engine_args: EngineArgs, config: PrefillWorkerConfig = PrefillWorkerConfig(),
-                 torch_threads: int | None = 1, start: bool = True):  # fmt: skip
-        super().__init__(engine_args, config, torch_threads, start)
+                 torch_threads: int | None = 1, rank: int | None = None):  # fmt: skip
+        super().__init__(engine_args, config, torch_threads, rank)
 
     def make_worker(self, engine_args):
         return prefill_worker_maker(engine_args, self.config)
 
-
-class PrefillFollowerActor(FollowerActor):
-    """Prefill rank > 0: the forward loop and a `PrefillFollower` for this rank's KV heads."""
-
-    def role(self) -> PrefillFollower:
+    def follower_role(self) -> PrefillFollower:
         return PrefillFollower(self.config)
 
 
@@ -79,6 +75,5 @@ def start_prefill_actor(
 def start_prefill_tp_actors(
     engine_args: EngineArgs, config: PrefillWorkerConfig = PrefillWorkerConfig(), torch_threads: int | None = 1, **options
 ) -> TPActors:
-    """engine_args.tensor_parallel_size actors on one node; `.rank0` is the worker's handle (`options` go to it)."""
-    return start_tp_actors(PrefillActor, PrefillFollowerActor, engine_args, config, torch_threads,
-                           **{**ACTOR_OPTIONS, **options})
+    """engine_args.tensor_parallel_size actors on one node; `.rank0` is the worker's handle (`options` go to every rank)."""
+    return start_tp_actors(PrefillActor, engine_args, config, torch_threads, **{**ACTOR_OPTIONS, **options})

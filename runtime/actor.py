@@ -1,16 +1,20 @@
-"""The Ray actor body of a worker's rank 0: a hosted worker plus lifecycle methods, nothing that waits on a step.
+"""The Ray actor body of every rank of a worker, both roles: nothing here waits on a step.
 
-    __init__ / start(init_addr)   build the worker (engine on its loop thread, sockets on its I/O thread)
+    __init__(engine_args, config, torch_threads, rank)
+        rank None: a TP=1 worker, built at once; rank r: rank r of a TP group, built by `start`
+    start(init_addr)              join the group: rank 0 hosts the worker, rank r > 0 a follower
+                                  (its answer is its endpoint, for rank 0's `attach_followers`)
     control_address()             where the router calls it (the control socket, served by the I/O thread)
     load()                        the controller's heartbeat: answered from the load board
     is_idle(), pool_all_free()    from the board (is_idle answering at all also means "built")
-    attach_followers(endpoints)   tensor parallel, at start-up
-    shutdown()                    end what is left; True if every block was free before
+    attach_followers(endpoints)   tensor parallel rank 0, at start-up
+    shutdown()                    end what is left; True if every block was free (a follower: loop ended)
 
 The actor must be threaded (`max_concurrency` > 1, see `ACTOR_OPTIONS`): a
-heartbeat is answered while `start` or `shutdown` runs. Role subclasses say
-how to build the worker (`make_worker`). Requests never come over Ray: the
-router (and every test that plays it) calls the control socket.
+heartbeat is answered while `start` or `shutdown` runs. A role's class says
+how to build its worker (`make_worker`) and what a follower rank runs
+(`follower_role`). Requests never come over Ray: the router (and every test
+that plays it) calls the control socket.
 """
 
 from __future__ import annotations
@@ -18,29 +22,36 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from wire.codec import encode
+from runtime.follower import FollowerHost, FollowerRole
 from runtime.hosting import HostedWorker
 from runtime.load_board import LoadBoard
 from runtime.worker_config import on_this_node
+from wire.codec import encode
 
 # Options every worker actor needs: a thread for heartbeats beside a long start or shutdown.
 ACTOR_OPTIONS = {"max_concurrency": 8}
 
 
 class WorkerActor:
-    def __init__(self, engine_args, config, torch_threads: int | None = 1, start: bool = True):
+    def __init__(self, engine_args, config, torch_threads: int | None = 1, rank: int | None = None):
         if torch_threads is not None:
             import torch
 
             torch.set_num_threads(torch_threads)  # several actors share the host's cores
-        self.engine_args, self.config, self.name = engine_args, on_this_node(config), config.name
+        self.engine_args, self.config, self.rank = engine_args, on_this_node(config), rank
+        self.name = f"{config.name}-rank{rank}" if rank else config.name
         self.board = LoadBoard(config.name)
-        self.hosted: HostedWorker | None = None
-        if start:
+        self.hosted: HostedWorker | None = None  # TP=1 or rank 0
+        self.follower: FollowerHost | None = None  # rank > 0
+        if rank is None:
             self._host(engine_args)
 
     def make_worker(self, engine_args) -> Callable:
         """`(board, deliver) -> LoopWorker` for this role, binding its sockets on `config.host`."""
+        raise NotImplementedError
+
+    def follower_role(self) -> FollowerRole:
+        """What a follower rank of this role runs beside its forward loop."""
         raise NotImplementedError
 
     def _host(self, engine_args) -> None:
@@ -52,9 +63,16 @@ class WorkerActor:
 
         return free_init_addr()
 
-    def start(self, init_addr: str) -> None:
-        """Build the worker as rank 0 of its tensor-parallel group, meeting the other ranks at `init_addr`."""
-        self._host(dataclasses.replace(self.engine_args, tensor_parallel_rank=0, dist_init_addr=init_addr))
+    def start(self, init_addr: str) -> bytes | None:
+        """Join the group at `init_addr` (blocks until every rank has): rank 0 builds the worker, a
+        follower its forward loop and I/O thread and answers its endpoint for rank 0."""
+        args = dataclasses.replace(self.engine_args, tensor_parallel_rank=self.rank or 0, dist_init_addr=init_addr)
+        if not self.rank:
+            self._host(args)
+            return None
+        role = self.follower_role()
+        self.follower = FollowerHost(args.create_engine_config(), role, self.name)
+        return role.endpoint()
 
     def attach_followers(self, endpoints: list[bytes]) -> None:
         """Rank 0: the follower ranks' I/O services (their `start` answers, rank order)."""
@@ -74,7 +92,10 @@ class WorkerActor:
         return self.hosted.pool_all_free()
 
     def shutdown(self) -> bool:
-        """Stop the worker, ending what is left; True if it held nothing and every block was free before."""
+        """Stop, ending what is left; True if nothing was held and every block was free (a follower:
+        its forward loop ended, after rank 0's shutdown, and nothing was in flight)."""
+        if self.follower is not None:
+            return self.follower.shutdown()
         if self.hosted is None:
             return True
         all_free = self.hosted.is_clean()

@@ -7,21 +7,19 @@ services the role builds from the follower (they read or write its KV cache);
 the role's connector, if any, is the forward thread's way to reach them.
 `endpoint()` is the bytes rank 0 needs to reach this rank.
 
-`FollowerActor` is the Ray actor body: cheap to construct, `start(init_addr)`
-joins the group (it blocks until every rank joined, so the caller starts all
-ranks at once), `shutdown()` after rank 0's shutdown waits for the loop to end.
+A follower rank's Ray actor is its role's one actor class (`runtime.actor`),
+whose `start(init_addr)` builds a `FollowerHost` (joining the group blocks
+until every rank joined, so the caller starts all ranks at once).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 
 from engine.config import EngineConfig
 from engine.parallel.follower import TPFollower
 from runtime.io_thread import IOThread
-from runtime.worker_config import on_this_node
 
 logger = logging.getLogger("tandem.runtime")
 
@@ -72,29 +70,3 @@ class FollowerHost:
         idle = self.role.is_idle()
         self.io.stop()
         return ended and idle
-
-
-class FollowerActor:
-    """Body of a follower rank's Ray actor; subclasses say what the rank runs (`role()`)."""
-
-    def __init__(self, engine_args, config, torch_threads: int | None, rank: int):
-        if torch_threads is not None:
-            import torch
-
-            torch.set_num_threads(torch_threads)
-        self.engine_args, self.config, self.rank = engine_args, on_this_node(config), rank
-        self.name = f"{config.name}-rank{rank}"  # config: the role's worker config (it has a name)
-        self.host: FollowerHost | None = None
-
-    def role(self) -> FollowerRole:
-        raise NotImplementedError
-
-    def start(self, init_addr: str) -> bytes:
-        """Join rank 0 at `init_addr`, start both threads; return this rank's endpoint for rank 0."""
-        args = dataclasses.replace(self.engine_args, tensor_parallel_rank=self.rank, dist_init_addr=init_addr)
-        role = self.role()
-        self.host = FollowerHost(args.create_engine_config(), role, self.name)
-        return role.endpoint()
-
-    def shutdown(self) -> bool:
-        return self.host is not None and self.host.shutdown()
