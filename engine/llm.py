@@ -1,4 +1,8 @@
-"""Offline batch generation in vLLM's shape: `LLM(model).generate(prompts, params)`."""
+"""Offline batch generation in vLLM's shape: `LLM(model).generate(prompts, params)`.
+
+The frontend owns the outputs' text (`engine.offline_text`): the engine core
+streams token ids, and a request whose stop string matched is aborted there.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from engine.llm_engine import EngineArgs, LLMEngine, Prompt
+from engine.offline_text import OfflineText
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -30,37 +35,40 @@ class LLM:
         """One output per prompt, in prompt order; with n > 1 it holds n completions."""
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
-        groups = self._add_all(prompts, params)
+        texts = OfflineText(self.engine.tokenizer)
+        groups = self._add_all(prompts, params, texts)
         finished: dict[str, RequestOutput] = {}
         total = sum(len(g) for g in groups)
         with tqdm(total=total, desc="Generating", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
+                for out in map(texts.advance, self.engine.step()):
                     if out.finished:
+                        self.engine.abort_request(out.request_id)  # ended by a stop string (else a no-op)
                         finished[out.request_id] = out
                         bar.update(1)
         return [_merge([finished[rid] for rid in group]) for group in groups]
 
-    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[list[str]]:
+    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams], texts: OfflineText) -> list[list[str]]:
         """Queue every prompt, or none: one bad prompt withdraws those already queued."""
         groups: list[list[str]] = []
         try:
             for prompt, p in zip(prompts, params):
                 groups.append([])
-                self._add(prompt, p, groups[-1])
+                self._add(prompt, p, groups[-1], texts)
         except ValueError:
             for rid in (rid for group in groups for rid in group):
                 self.engine.abort_request(rid)
             raise
         return groups
 
-    def _add(self, prompt: Prompt, params: SamplingParams, ids: list[str]) -> None:
+    def _add(self, prompt: Prompt, params: SamplingParams, ids: list[str], texts: OfflineText) -> None:
         base = str(next(self._ids))
         for j in range(params.n):
             child = params if params.n == 1 else _child_params(params, j)
             rid = base if params.n == 1 else f"{base}-{j}"
             self.engine.add_request(rid, prompt, child)
             ids.append(rid)
+            texts.open(rid, self.engine.requests[rid].prompt_token_ids, child)
 
 
 def _child_params(params: SamplingParams, j: int) -> SamplingParams:

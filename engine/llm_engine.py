@@ -4,6 +4,11 @@ One step is three calls: `scheduler.schedule()` -> `runner.execute(batch)` ->
 `_update(...)`. Ownership: the engine owns every Request it accepted until
 the step that reports it finished (or `abort_request`); its KV blocks go back
 to the pool in that same call.
+
+The engine core makes token ids, never text: it stops a request on EOS, stop
+token ids, max_tokens and min_tokens. Text and stop strings belong to whoever
+answers the client (`output_text`: the router, or `engine.llm.LLM` offline),
+which aborts a request here when one of its stop strings matched.
 """
 
 from __future__ import annotations
@@ -12,7 +17,6 @@ import logging
 from dataclasses import dataclass
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
-from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_connector import KVConnector
 from engine.kv_cache_manager import KVCacheManager
 from engine.log import configure_logging
@@ -120,7 +124,6 @@ class LLMEngine:
         self.max_model_len = min(config.scheduler.max_model_len, self.runner.num_blocks * block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache)
         self.requests: dict[str, Request] = {}
-        self._detok: dict[str, IncrementalDetokenizer] = {}
         self._prompts: dict[str, str | None] = {}
         # A worker's seam into the cache (engine.kv_connector): called before each forward and after each layer.
         self.kv_connector = kv_connector
@@ -166,8 +169,6 @@ class LLMEngine:
         req = Request(request_id, token_ids, params, max_tokens, eos_token_ids=self.eos_token_ids)
         self.requests[request_id] = req
         self._prompts[request_id] = text
-        if self.tokenizer is not None:
-            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params)
         return req
 
     def abort_request(self, request_id: str) -> bool:
@@ -222,19 +223,15 @@ class LLMEngine:
     def _append_token(self, req: Request, token: int, logprobs) -> RequestOutput:
         req.output_token_ids.append(token)
         req.output_logprobs.append(logprobs)
-        detok = self._detok.get(req.request_id)
-        new_text = detok.append(token) if detok is not None else ""
-        status = self._check_stop(req, token, detok)
+        status = self._check_stop(req, token)
         if status is not None:
-            if detok is not None and not detok.finished:
-                new_text += detok.flush()  # text held back as a possible stop-string start
             self.scheduler.finish(req, status)
-        out = self._make_output(req, [token], new_text)
+        out = self._make_output(req, [token])
         if req.is_finished:
             self._forget(req.request_id)
         return out
 
-    def _check_stop(self, req: Request, token: int, detok) -> RequestStatus | None:
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         n_out = len(req.output_token_ids)
         p = req.params
         if n_out >= p.min_tokens:
@@ -243,18 +240,13 @@ class LLMEngine:
             if token in p.stop_token_ids:
                 req.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-            if detok is not None and detok.finished:
-                req.stop_reason = detok.stop_reason
-                return RequestStatus.FINISHED_STOPPED
         if n_out >= req.max_tokens or req.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def _make_output(self, req: Request, new_token_ids: list[int], new_text: str) -> RequestOutput:
-        detok = self._detok.get(req.request_id)
+    def _make_output(self, req: Request, new_token_ids: list[int]) -> RequestOutput:
         completion = CompletionOutput(
             index=0,
-            text=detok.output_text if detok is not None else "",
             token_ids=list(req.output_token_ids),
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,
@@ -268,12 +260,10 @@ class LLMEngine:
             finished=req.is_finished,
             num_cached_tokens=req.num_cached_tokens,
             new_token_ids=new_token_ids,
-            new_text=new_text,
         )
 
     def _forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
-        self._detok.pop(request_id, None)
         self._prompts.pop(request_id, None)
 
     # ---- validation -----------------------------------------------------

@@ -1,4 +1,8 @@
-"""What the engine returns: vLLM-shaped outputs, cumulative plus this step's delta."""
+"""What the engine returns: vLLM-shaped outputs, cumulative plus this step's delta.
+
+The engine core fills token ids, logprobs and finish reasons; `text` is the
+offline frontend's (`engine.llm.LLM`, through `output_text`): the core makes no text.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,11 @@ from engine.sampler import TokenLogprobs
 @dataclass
 class CompletionOutput:
     index: int
-    text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop", "length", "abort" or None while running
-    stop_reason: int | str | None = None  # the stop token id or stop string that matched
+    stop_reason: int | str | None = None  # the stop token id (engine core) or stop string (LLM) that matched
     logprobs: list[TokenLogprobs | None] | None = None
+    text: str = ""  # set by LLM on a finished output; "" from the engine core
 
     @property
     def finished(self) -> bool:
@@ -30,4 +34,3 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     new_token_ids: list[int] = field(default_factory=list)  # produced in the step that returned this
-    new_text: str = ""

@@ -110,7 +110,7 @@ def admit_remote_kv(engine: LLMEngine, request_id: str, first_token: int) -> Req
         raise ValueError(f"request {request_id} is {req.status.value}, not waiting for KV")
     if not engine.scheduler.admit_remote(req):
         return None
-    # Stop checks, detokenization and finishing are the engine's, as for a locally sampled token.
+    # Stop checks (EOS, stop token ids, max_tokens) and finishing are the engine's, as for a locally sampled token.
     return engine._append_token(req, first_token, None)
 
 

@@ -1,7 +1,7 @@
 """Per-request sampling parameters, shaped like vLLM's `SamplingParams`.
 
 The object is frozen and validated on construction, so every later stage
-(sampler, detokenizer, scheduler) can trust its values without re-checking.
+(sampler, scheduler, the text's owner in `output_text`) can trust its values without re-checking.
 Validation failures are always `ValueError` naming the field, including
 wrong types, because API layers turn `ValueError` into a 400 response.
 """
@@ -28,7 +28,9 @@ class SamplingParams:
     `logprobs` is the number of top alternatives returned besides the chosen
     token (0: only the chosen token's logprob, None: no logprobs).
     `stop` and `stop_token_ids` accept a single value or any iterable and
-    are stored as tuples.
+    are stored as tuples. `stop`, `include_stop_str_in_output` and
+    `skip_special_tokens` shape the text, which the engine core never makes:
+    `LLM` applies them (`engine.offline_text`); workers never receive them.
     """
 
     n: int = 1

@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 
 from router.api_models import ChatCompletionRequest, ChatCompletionResponse
 from router.errors import bad_request
-from router.openai_common import check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response
+from router.openai_common import (check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
+                                  text_options_from)  # fmt: skip
 from router.served_model import ServedModel
 from router.serving import RequestRunner, RunningRequest
 
@@ -26,7 +27,7 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = model.max_tokens_for(len(prompt), body.max_tokens_asked, param)
     sampling = sampling_from(body, logprobs=(body.top_logprobs or 0) if body.logprobs else None)
-    running = await runner.start([prompt], sampling, body.n, arrived, [max_tokens])
+    running = await runner.start([prompt], sampling, text_options_from(body), body.n, arrived, [max_tokens])
     rid, created = response_id("chatcmpl")
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage

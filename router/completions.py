@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 
 from router.api_models import CompletionRequest
 from router.errors import bad_request
-from router.openai_common import check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response
+from router.openai_common import (check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
+                                  text_options_from)  # fmt: skip
 from router.served_model import ServedModel
 from router.serving import RequestRunner, RunningRequest
 
@@ -23,7 +24,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     prompts = _prompt_ids(body.prompt, model)
     max_tokens = [model.max_tokens_for(len(p), body.max_tokens) for p in prompts]
     sampling = sampling_from(body, logprobs=body.logprobs)
-    running = await runner.start(prompts, sampling, body.n, arrived, max_tokens)
+    running = await runner.start(prompts, sampling, text_options_from(body), body.n, arrived, max_tokens)
     rid, created = response_id("cmpl")
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage

@@ -12,9 +12,9 @@ What a resumed request reproduces:
   (the resumed prompt's KV is computed again, equal within float tolerance).
 - max_tokens, min_tokens and stop token ids: counted over the whole output
   (the new attempt gets what is left of each).
-- Stop strings: the engine checks the new attempt's text; one that straddles
-  the splice is caught by the router's `TextStream`, which sees the whole text
-  (`router.serving` then ends the request as stopped).
+- Text and stop strings: the router's alone (`router.choice_output`), made
+  from the one token stream of the whole output, so the splice is invisible
+  to them; no worker sees a stop string.
 - usage: the prompt and completion counts of the whole request.
 What it does not:
 - Seeded sampling restarts its random generator at the seed with the new

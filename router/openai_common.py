@@ -1,4 +1,5 @@
-"""Pieces the completions and chat endpoints share: model check, sampling from a body, SSE framing, ids."""
+"""Pieces the completions and chat endpoints share: model check, sampling and text options from a body, SSE
+framing, ids."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from wire.requests import SamplingSpec
+from output_text import TextOptions
 from router.api_models import _GenerationFields
 from router.errors import APIError, bad_request
 from router.serving import RunningRequest
+from wire.requests import SamplingSpec
 
 
 def check_model(body: _GenerationFields, served_name: str) -> None:
@@ -34,18 +36,22 @@ def refuse_unsupported(body: _GenerationFields, **extra_defaults) -> None:
 
 def sampling_from(body: _GenerationFields, logprobs: int | None) -> SamplingSpec:
     """The wire sampling parameters (max_tokens and seed are set per sequence later)."""
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    if any(not s for s in stop):
-        raise bad_request("stop strings must not be empty", "stop")
     if body.max_tokens_asked is not None and body.min_tokens > body.max_tokens_asked:
         raise bad_request("min_tokens must not exceed max_tokens", "min_tokens")
     return SamplingSpec(
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,
         repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, min_tokens=body.min_tokens, stop=stop,
+        frequency_penalty=body.frequency_penalty, min_tokens=body.min_tokens,
         stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs,
-        include_stop_str_in_output=body.include_stop_str_in_output, skip_special_tokens=body.skip_special_tokens,
     )  # fmt: skip
+
+
+def text_options_from(body: _GenerationFields) -> TextOptions:
+    """How the router makes each choice's text: stop strings stay here, no worker sees them."""
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if any(not s for s in stop):
+        raise bad_request("stop strings must not be empty", "stop")
+    return TextOptions(stop, body.include_stop_str_in_output, body.skip_special_tokens, body.min_tokens)
 
 
 def response_id(prefix: str) -> tuple[str, int]:

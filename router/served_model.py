@@ -1,7 +1,8 @@
 """What the router knows of the model it serves: its name, context length, tokenizer and chat template.
 
 Tokenization happens here, in the router (routing works on token ids; workers
-receive ids, never text). Loaded once at startup; read-only afterwards.
+receive ids, never text), and so does detokenization (`text_stream`). Loaded
+once at startup; read-only afterwards.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from output_text import TextOptions, TextStream
 from router.config import RouterConfig
-from router.detokenize import TextStream
 from router.errors import bad_request
 
 
@@ -66,9 +67,9 @@ class ServedModel:
             )
         return asked if asked is not None else room
 
-    def text_stream(self, prompt_ids: list[int], stop: tuple[str, ...], include_stop: bool,
-                    skip_special_tokens: bool, min_tokens: int) -> TextStream:  # fmt: skip
-        return TextStream(self.tokenizer, prompt_ids, stop, include_stop, skip_special_tokens, min_tokens)
+    def text_stream(self, prompt_ids: list[int], options: TextOptions) -> TextStream:
+        """A sequence's output text: the router owns it (workers see token ids only)."""
+        return TextStream(self.tokenizer, prompt_ids, options)
 
     def token_text(self, token_id: int) -> str:
         """A token's text; its vocabulary form when alone it is part of a character (else several read "\ufffd")."""

@@ -1,10 +1,12 @@
 """What both OpenAI endpoints share: admission, fan-out of prompts x n, and one merged stream of choice updates.
 
-    RequestRunner.start(prompts, sampling, n)      admit (or 429), dispatch every sequence (or fail all)
-    async for update in running.updates():        text deltas of every choice, as they come, in any order
-    running.close()                                always (finally): aborts what is unfinished, releases admission
+    RequestRunner.start(prompts, sampling, text, n)  admit (or 429), dispatch every sequence (or fail all)
+    async for update in running.updates():          text deltas of every choice, as they come, in any order
+    running.close()                                  always (finally): aborts what is unfinished, releases admission
 
-Choice `i` is prompt `i // n`, sample `i % n`, as OpenAI numbers them.
+Choice `i` is prompt `i // n`, sample `i % n`, as OpenAI numbers them. Each choice's text is made here,
+from its tokens (`router.choice_output`): the workers get `sampling`, never `text`; a choice that meets
+one of its stop strings is ended here and aborted on its workers.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from wire.requests import SamplingSpec, TokenDelta, TokenLogprob
-from router.detokenize import TextStream
+from output_text import TextOptions
+from router.choice_output import ChoiceOutput, ChoiceUpdate
 from router.dispatch import Dispatcher, Generation
 from router.errors import APIError, from_dispatch, internal_error
 from router.metrics import RouterMetrics
 from router.served_model import ServedModel
+from wire.requests import SamplingSpec, TokenDelta
 
 
 class Admission:
@@ -45,23 +48,10 @@ class Admission:
 
 
 @dataclass
-class ChoiceUpdate:
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob]
-    final: TokenDelta | None = None  # set on the choice's last update
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.final.finish_reason if self.final is not None else None
-
-
-@dataclass
 class _Choice:
     index: int
     generation: Generation
-    text: TextStream
+    output: ChoiceOutput
     first_token_at: float | None = None
     final: TokenDelta | None = None
 
@@ -105,23 +95,24 @@ class RunningRequest:
             async for chunk in choice.generation.chunks():
                 if choice.first_token_at is None and chunk.token_ids:
                     choice.first_token_at = time.monotonic()
-                text = choice.text.add(chunk.token_ids)
-                if chunk.final is None and choice.text.stopped and choice.generation.attempt > 0:
-                    chunk.final = _stopped_at_splice(choice)  # the engine saw only the resumed part
-                if chunk.final is not None:
-                    if chunk.final.finish_reason == "abort":
-                        raise internal_error(_public_cause(chunk.final.error), chunk.final.error or "aborted",
-                                             code="worker_error")  # fmt: skip
-                    text += choice.text.finish()
-                    choice.final = chunk.final
-                    self.runner.metrics.sequence_finished(self.arrived, choice.first_token_at, chunk.final)
-                yield ChoiceUpdate(choice.index, text, chunk.token_ids, chunk.logprobs, chunk.final)
-                if chunk.final is not None:
+                update = choice.output.update(chunk)
+                if update.final is not None:
+                    self._finish(choice, update.final)
+                yield update
+                if update.final is not None:
                     return
         except APIError:
             raise
         except Exception as err:
             raise from_dispatch(err) from None
+
+    def _finish(self, choice: _Choice, final: TokenDelta) -> None:
+        if final.finish_reason == "abort":
+            raise internal_error(_public_cause(final.error), final.error or "aborted", code="worker_error")
+        choice.final = final
+        if not choice.generation.finished:
+            choice.generation.close()  # a stop string ended it here, not its worker: abort it there
+        self.runner.metrics.sequence_finished(self.arrived, choice.first_token_at, final)
 
     def usage(self) -> dict:
         completion = sum(c.final.num_output_tokens for c in self.choices if c.final is not None)
@@ -140,20 +131,12 @@ class RunningRequest:
         self.runner.admission.release(len(self.choices))
 
 
-def _stopped_at_splice(choice: _Choice) -> TokenDelta:
-    """A resumed sequence whose stop string straddles the splice: end it here, as the engine would have."""
-    gen = choice.generation
-    n_out = choice.text.num_tokens
-    gen.close()  # aborts the attempt on its workers
-    return TokenDelta(gen.request_id, n_out, (), True, "stop", len(gen.request.prompt_token_ids), n_out)
-
-
 class RequestRunner:
     def __init__(self, dispatcher: Dispatcher, model: ServedModel, admission: Admission, metrics: RouterMetrics):
         self.dispatcher, self.model, self.admission, self.metrics = dispatcher, model, admission, metrics
 
-    async def start(self, prompts: list[list[int]], sampling: SamplingSpec, n: int, arrived: float,
-                    max_tokens: list[int]) -> RunningRequest:  # fmt: skip
+    async def start(self, prompts: list[list[int]], sampling: SamplingSpec, text: TextOptions, n: int,
+                    arrived: float, max_tokens: list[int]) -> RunningRequest:  # fmt: skip
         """Dispatch n sequences per prompt (prompt i gets `max_tokens[i]`); raises `APIError`, holding nothing."""
         self.admission.admit(len(prompts) * n)
         plan = [(i * n + j, prompt, max_tokens[i]) for i, prompt in enumerate(prompts) for j in range(n)]
@@ -173,7 +156,7 @@ class RequestRunner:
             self.admission.release(len(plan))
             raise from_dispatch(next(e for e in started if not isinstance(e, Generation)))
         choices = [
-            _Choice(index, gen, self._text_stream(prompt, sampling))
+            _Choice(index, gen, ChoiceOutput(index, gen.request, self.model.text_stream(prompt, text)))
             for (index, prompt, _), gen in zip(plan, generations)
         ]
         return RunningRequest(choices, [len(p) for p in prompts], arrived, self)
@@ -183,9 +166,6 @@ class RequestRunner:
         # n samples of one prompt must differ: each gets its own seed derived from the request's.
         seed = None if sampling.seed is None or choice_index == 0 else (sampling.seed + choice_index) % 2**63
         return dataclasses.replace(sampling, max_tokens=max_tokens, seed=seed)
-
-    def _text_stream(self, prompt: list[int], s: SamplingSpec) -> TextStream:
-        return self.model.text_stream(prompt, s.stop, s.include_stop_str_in_output, s.skip_special_tokens, s.min_tokens)
 
 
 # Worker errors whose kind the client may know (with `kv_transfer_failure: fail`, its request's KV

@@ -11,7 +11,9 @@ have arrived. Deltas for a request nobody waits for (it was aborted) are dropped
 A request resumed elsewhere (its worker died, `router.migration`) keeps its
 `RequestOutputs` under a new request id: `restart()` forgets what the failed
 attempt sent beyond the tokens already handed out, and the new attempt's
-output indices (which count from 0 again) are shifted past those tokens.
+output indices (which count from 0 again) are shifted past those tokens, so
+the tokens come out as one stream and the text made of them
+(`router.choice_output`) needs to know nothing of attempts.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class OutputChunk:
     token_ids: list[int]
     logprobs: list[TokenLogprob] = field(default_factory=list)  # aligned with token_ids when asked for
     final: TokenDelta | None = None
+    # Prompt tokens found cached, as the workers last said: what a final delta the router makes
+    # itself (at a stop string, `router.choice_output`) reports.
+    num_cached_tokens: int = 0
 
 
 class RequestOutputs:
@@ -59,6 +64,7 @@ class RequestOutputs:
         self._final: TokenDelta | None = None
         self._attempt = 0  # items queued by an earlier attempt are dropped
         self._offset = 0  # tokens handed out before this attempt began: its index 0 is our `_offset`
+        self._num_cached = 0  # the whole request's, from the latest delta that counted them
         self.delivered: list[int] = []  # every token id handed out, in order
         self.last_activity = time.monotonic()  # when a delta last arrived (the watchdog reads it)
         # Called (on the consumer's task) with a `resumable` final delta instead of ending the stream:
@@ -105,6 +111,8 @@ class RequestOutputs:
             index = self._offset + item.first_index + i
             if index >= self._next:
                 self._tokens.setdefault(index, (token, logprob))  # the first to arrive is the one shown
+        if item.num_prompt_tokens:  # prefill's first-token delta counts nothing
+            self._num_cached = self._as_whole_request(item).num_cached_tokens
         if item.finished and item.resumable and self.on_given_up is not None:
             self.on_given_up(item)  # restarts this stream for the next attempt
         elif item.finished:
@@ -122,7 +130,7 @@ class RequestOutputs:
         )  # fmt: skip
 
     def _take_ready(self) -> OutputChunk:
-        chunk = OutputChunk([])
+        chunk = OutputChunk([], num_cached_tokens=self._num_cached)
         while self._next in self._tokens:
             token, logprob = self._tokens.pop(self._next)
             chunk.token_ids.append(token)

@@ -16,9 +16,17 @@ def sampling_params(spec: SamplingSpec) -> SamplingParams:
     return SamplingParams(**dataclasses.asdict(spec))
 
 
+# What shapes only text: the text's owner keeps it (the router; `LLM` offline), no worker gets it.
+TEXT_ONLY_FIELDS = ("stop", "include_stop_str_in_output", "skip_special_tokens")
+_DEFAULTS = SamplingParams()
+
+
 def sampling_spec(params: SamplingParams) -> SamplingSpec:
     if params.n != 1:
         raise ValueError(f"one request is one sequence: fan n={params.n} out before sending")
+    text_only = [name for name in TEXT_ONLY_FIELDS if getattr(params, name) != getattr(_DEFAULTS, name)]
+    if text_only:
+        raise ValueError(f"{', '.join(text_only)} shape text, which workers never make: keep them with the text")
     return SamplingSpec(**{f.name: getattr(params, f.name) for f in dataclasses.fields(SamplingSpec)})
 
 

@@ -14,7 +14,9 @@ from wire.codec import message
 
 @message
 class SamplingSpec:
-    """engine.SamplingParams on the wire (n is fanned out before: one request, one sequence)."""
+    """engine.SamplingParams on the wire, less what only shapes text (n is fanned out before: one request,
+    one sequence). Stop strings, include_stop_str_in_output and skip_special_tokens stay in the router,
+    which owns the text (`output_text`); workers stop on EOS, stop token ids and max/min tokens."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -26,12 +28,9 @@ class SamplingSpec:
     frequency_penalty: float = 0.0
     max_tokens: int | None = 16
     min_tokens: int = 0
-    stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
 
 
 @message

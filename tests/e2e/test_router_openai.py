@@ -21,6 +21,7 @@ from router.server import RouterServer
 from tests.conftest import hf_greedy
 from tests.e2e.harness import wait_for
 from tests.e2e.router_cluster import CHAT_TEMPLATE, router_on_ray
+from tests.output_text.test_stream import first_stop
 
 MODEL = "tiny-llama"
 GREEDY = dict(temperature=0, max_tokens=8, extra_body={"ignore_eos": True})
@@ -104,17 +105,21 @@ def test_n_choices_and_several_prompts(served):
     assert texts == [out.choices[0].text] * 3
 
 
-def test_stop_string_ends_the_text_where_the_engine_stops(served):
+def test_stop_string_ends_the_text_where_it_first_appears_and_the_workers_stop(served):
     prompt = "héllo wörld, 世界"
-    full = _greedy_text(served, served.tokenizer(prompt)["input_ids"], 16)
+    greedy = hf_greedy(served.model_dir, served.tokenizer(prompt)["input_ids"], 16)
+    full = served.tokenizer.decode(greedy, skip_special_tokens=True)
     stop = full[5:7]  # the text before it cannot contain it: the first match is here
     assert stop not in full[:6], "pick another prompt: the stop string occurs earlier"
+    # The router bills the tokens it sent: up to the one whose text completes the stop string.
+    sent = first_stop(served.tokenizer, greedy, stop)
     args = dict(model=MODEL, prompt=prompt, temperature=0, max_tokens=16, stop=[stop], extra_body={"ignore_eos": True})
     out = served.client.completions.create(**args)
     assert (out.choices[0].text, out.choices[0].finish_reason) == (full[:5], "stop")
-    assert out.usage.completion_tokens < 16
+    assert out.usage.completion_tokens == sent < 16
     chunks = list(served.client.completions.create(stream=True, **args))
     assert "".join(c.choices[0].text for c in chunks) == full[:5]
+    _wait_all_free(served)  # the router aborted what the workers would have gone on making
 
 
 def test_logprobs_of_greedy_tokens_are_the_top_ones(served):
