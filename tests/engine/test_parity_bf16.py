@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from tests.conftest import hf_model
 from tests.engine.test_parity import PROMPTS
 from tests.tiny_models import ARCHS
 
@@ -21,7 +21,8 @@ MAX_NEW, TOP = 24, 5
 
 def _hf_bf16(model_dir: str) -> list[tuple[list[int], list[set[int]]]]:
     """Per prompt: transformers' bf16 greedy tokens and, per step, its top-TOP token ids."""
-    model = hf_model(model_dir).to(torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()  # not the shared fp32 one
+    model.generation_config.eos_token_id = None  # generate past EOS, like ignore_eos
     runs = []
     with torch.inference_mode():
         for prompt in PROMPTS:
