@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
+from engine.cpu_features import cpu_features
 from engine.kv_connector import KVConnector
 from engine.kv_cache_manager import KVCacheManager
 from engine.log import configure_logging
@@ -93,7 +94,7 @@ class EngineArgs:
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 max_model_len=max_len,
             ),
-            dtype=parse_dtype(self.dtype, self.device),
+            dtype=self._dtype(),
             device=self.device,
             attention_backend=self.attention_backend,
             seed=self.seed,
@@ -104,6 +105,12 @@ class EngineArgs:
                 backend=self.dist_backend,
             ),
         )
+
+    def _dtype(self):
+        dtype = parse_dtype(self.dtype, self.device)
+        if self.dtype in (None, "auto") and self.device == "cpu":  # say why: it depends on the machine
+            logger.info("dtype auto: %s on %s", str(dtype).removeprefix("torch."), cpu_features().signature())
+        return dtype
 
 
 class LLMEngine:

@@ -36,6 +36,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from engine.cpu_features import cpu_features
+
 logger = logging.getLogger("tandem.engine")
 
 Tensor = torch.Tensor
@@ -134,18 +136,7 @@ def describe(choice: Sequence[str]) -> str:
 
 def cpu_signature() -> str:
     """The CPU model and the vector extensions a kernel may use (what a choice depends on)."""
-    model, flags = "unknown CPU", set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
-    return f"{model} [{' '.join(f for f in wanted if f in flags)}]"
+    return cpu_features().signature()
 
 
 def _cache_dir() -> Path:

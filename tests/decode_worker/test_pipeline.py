@@ -9,18 +9,19 @@ import pytest
 
 from decode_worker.actor import decode_worker_maker
 from decode_worker.worker import DecodeWorkerConfig
-from engine import EngineArgs, SamplingParams
+from engine import LLM, EngineArgs, SamplingParams
 from router.handoff import HandoffError, HandoffTimeouts
 from wire.push_pull import TokenStream
 from prefill_worker.actor import prefill_worker_maker
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.hosting import HostedWorker
 from tests.conftest import hf_greedy
-from tests.e2e.harness import PROMPTS, Driver, abort_request, request, run_requests, start_request, wait_for
+from tests.e2e.harness import GREEDY, PROMPTS, Driver, abort_request, request, run_requests, start_request, wait_for
 
 
 def _args(model_dir: str, **kwargs) -> EngineArgs:
-    return EngineArgs(model=model_dir, max_model_len=256, **{"num_kv_blocks": 48, **kwargs})
+    # float32 unless asked: what the transformers reference computes in (auto may pick bf16 here)
+    return EngineArgs(model=model_dir, max_model_len=256, **{"num_kv_blocks": 48, "dtype": "float32", **kwargs})
 
 
 @contextlib.contextmanager
@@ -61,6 +62,20 @@ def test_disaggregated_matches_transformers_and_reuses_prefixes(tiny_model_dirs,
     assert reservations2["again-long"].num_cached_blocks == len(PROMPTS["long"]) // 16
     assert results2["again-long"].final.num_cached_tokens == 64
     assert load.prefix_cache_hit_rate > 0 and load.free_blocks == load.total_blocks == 48
+
+
+def test_bf16_blocks_cross_intact_disaggregated_equals_one_engine(tiny_model_dirs):
+    """bfloat16 (auto's pick on CPUs that compute it natively): the KV blocks cross bit for bit, so the
+    disaggregated path gives exactly what one bf16 engine gives (`tests/engine/test_parity_bf16.py`
+    holds that engine to transformers' bf16)."""
+    model_dir = tiny_model_dirs["llama"]
+    bf16 = _args(model_dir, dtype="bfloat16")
+    with _workers(model_dir, decode_args=bf16, prefill_args=bf16) as (decode, prefill, stream):
+        results, reservations = run_requests(stream, PROMPTS, lambda i: (decode, prefill))
+    assert not any(r.prefill_locally for r in reservations.values())
+    one_engine = LLM(model_dir, num_kv_blocks=48, max_model_len=256, dtype="bfloat16")
+    outs = one_engine.generate([{"prompt_token_ids": p} for p in PROMPTS.values()], GREEDY, use_tqdm=False)
+    assert [results[rid].token_ids for rid in PROMPTS] == [o.outputs[0].token_ids for o in outs]
 
 
 def test_colocated_mode_gives_the_same_tokens(tiny_model_dirs):

@@ -106,7 +106,7 @@ class Answers:
 def rig(tiny_model_dirs):
     def make(**config):
         model_dir = tiny_model_dirs["llama"]
-        engine = LLMEngine.from_args(EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256),
+        engine = LLMEngine.from_args(EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256, dtype="float32"),
                                      show_progress=False)  # fmt: skip
         io, inbox, pushers = FakeIO(), FakeInbox(), FakePushers()
         worker = DecodeWorker(engine, DecodeWorkerConfig(**config), io, LoadBoard("d"), "tcp://kv:1", inbox, pushers)
@@ -159,7 +159,7 @@ def test_kv_and_first_token_admit_the_request_which_decodes_to_the_end(rig):
     assert expect.block_ids == answer.result.block_ids and worker.records["r"].phase is Phase.AWAITING_KV
     expected = hf_greedy(model_dir, prompt, 8)
     # The KV lands (written into the reserved blocks by the receiver: here, decode's own prefill of it).
-    reference = LLMEngine.from_args(EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256),
+    reference = LLMEngine.from_args(EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256, dtype="float32"),
                                     show_progress=False)  # fmt: skip
     _copy_prompt_kv(reference, worker.engine, prompt, expect.block_ids)
     worker.handle(KVEnded("r", "done"))

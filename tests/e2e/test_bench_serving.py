@@ -29,7 +29,7 @@ VLLM_KEYS = {
 @pytest.fixture(scope="module")
 def served(ray_session, tiny_model_dirs):
     model_dir = tiny_model_dirs["llama"]
-    args = EngineArgs(model=model_dir, num_kv_blocks=64, max_model_len=256)
+    args = EngineArgs(model=model_dir, num_kv_blocks=64, max_model_len=256, dtype="float32")
     config = RouterConfig(model_dir, MODEL, max_model_len=256, chat_template=CHAT_TEMPLATE)
     with router_on_ray(ray_session, args, config) as stack:
         yield stack.server.url, model_dir

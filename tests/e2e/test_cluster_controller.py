@@ -61,8 +61,9 @@ def cluster(tiny_model_dirs):
         "data_plane": "node_ip",  # as on a real cluster: sockets on each node's Ray address (127.0.0.2 here)
         "engine": {"num_kv_blocks": 48, "max_model_len": 256},
         "router": {"port": 0, "served_model_name": "tiny"},
-        "prefill": {"tensor_parallel_size": 2, "resources": {"gpu_a": 1}, "node_labels": {"tier": "prefill"}},
-        "decode": {"resources": {"gpu_b": 1}},
+        "prefill": {"tensor_parallel_size": 2, "resources": {"gpu_a": 1}, "node_labels": {"tier": "prefill"},
+                    "dtype": "float32"},
+        "decode": {"resources": {"gpu_b": 1}, "dtype": "float32"},
         "health": {"interval_s": 0.2, "timeout_s": 10, "restart_backoff_s": 0.5},
     })  # fmt: skip
     deployment = Deployment(spec)

@@ -21,7 +21,7 @@ from tests.e2e.harness import PROMPTS, Driver, run_requests, wait_for
 
 @contextlib.contextmanager
 def _cluster(ray, model_dir: str, num_prefill: int, local_prefill_threshold: int = 0):
-    args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256)
+    args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256, dtype="float32")
     prefills = [start_prefill_actor(args, PrefillWorkerConfig(f"prefill-{i}")) for i in range(num_prefill)]
     decode = start_decode_actor(args, DecodeWorkerConfig("decode-0", local_prefill_threshold=local_prefill_threshold))
     actors = [decode, *prefills]

@@ -48,7 +48,7 @@ def model(tiny_model_dirs):
 
 
 def _args(model_dir: str, **kwargs) -> EngineArgs:
-    return EngineArgs(model=model_dir, num_kv_blocks=128, max_model_len=256, **kwargs)
+    return EngineArgs(model=model_dir, num_kv_blocks=128, max_model_len=256, **kwargs, dtype="float32")
 
 
 def _config(model_dir: str) -> RouterConfig:

@@ -69,7 +69,8 @@ def test_serve_on_two_hosts_places_pools_by_resource_and_answers(hosts, tiny_mod
     spec.write_text(json.dumps({"engine": {"num_kv_blocks": 48, "max_model_len": 256},
                                 "prefill": {"resources": {"gpu_a": 1}}, "decode": {"resources": {"gpu_b": 1}}}))  # fmt: skip
     command = [sys.executable, "-m", "cluster.cli", "serve", "--address", f"{head}:{RAY_PORT}", "--config", str(spec),
-               "--model", model_dir, "--served-model-name", "tiny", "--host", head, "--port", str(HTTP_PORT)]  # fmt: skip
+               "--model", model_dir, "--served-model-name", "tiny", "--host", head, "--port", str(HTTP_PORT),
+               "--dtype", "float32"]  # fmt: skip
     log = open(tmp_path / "serve.log", "w+")
     proc = hosts.popen("a", command, env=_env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://{head}:{HTTP_PORT}"

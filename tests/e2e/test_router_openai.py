@@ -31,7 +31,7 @@ MAX_IN_FLIGHT = 6
 @pytest.fixture(scope="module")
 def served(ray_session, tiny_model_dirs):
     model_dir = tiny_model_dirs["llama"]
-    args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256)
+    args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256, dtype="float32")
     config = RouterConfig(model_dir, MODEL, max_model_len=256, chat_template=CHAT_TEMPLATE,
                           max_in_flight=MAX_IN_FLIGHT)  # fmt: skip
     with router_on_ray(ray_session, args, config) as stack:

@@ -41,7 +41,7 @@ CLUSTER_KEY = ClusterKey.generate()
 @pytest.fixture(scope="module")
 def served(ray_session, tiny_model_dirs):
     model_dir = tiny_model_dirs["llama"]
-    args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256)
+    args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256, dtype="float32")
     config = RouterConfig(model_dir, MODEL, max_model_len=256, chat_template=CHAT_TEMPLATE, max_in_flight=MAX_IN_FLIGHT,
                           api_key=API_KEY, cluster_key=CLUSTER_KEY, max_request_body_bytes=256 * 1024)  # fmt: skip
     with router_on_ray(ray_session, args, config) as stack:

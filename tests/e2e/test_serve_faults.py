@@ -37,12 +37,15 @@ from tests.e2e.harness import wait_for
 PROMPTS = [[(11 * i + 7 * j) % 380 + 3 for j in range(12 + 6 * i)] for i in range(16)]  # 12 .. 102 tokens
 
 
+F32 = {"dtype": "float32"}  # what the transformers reference computes in (auto may pick bf16 here)
+
+
 @contextlib.contextmanager
 def serving(ray_session, model_dir: str, prefill: dict | None = None, decode: dict | None = None):
     """A deployment with the defaults of `tandem serve` but for the model and a small KV cache."""
     spec = parse_spec({
         "model": model_dir, "engine": {"num_kv_blocks": 256, "max_model_len": 256},
-        "router": {"port": 0, "served_model_name": "tiny"}, "prefill": prefill or {}, "decode": decode or {},
+        "router": {"port": 0, "served_model_name": "tiny"}, "prefill": {**F32, **(prefill or {})}, "decode": {**F32, **(decode or {})},
     })  # fmt: skip
     deployment = Deployment(spec)
     try:

@@ -49,7 +49,7 @@ def _serve(model_dir: str, port: int, log) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])), TANDEM_LOG_LEVEL="WARNING")
     command = [sys.executable, "-m", "cluster.cli", "serve", "--model", model_dir, "--served-model-name", "tiny",
-               "--port", str(port), "--num-kv-blocks", "48", "--max-model-len", "256"]  # fmt: skip
+               "--port", str(port), "--num-kv-blocks", "48", "--max-model-len", "256", "--dtype", "float32"]  # fmt: skip
     return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 

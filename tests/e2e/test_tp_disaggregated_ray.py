@@ -51,7 +51,7 @@ def _start(args: EngineArgs, config, start_one, start_tp):
 def _cluster(ray, model_dir: str, prefill_tp: int, decode_tp: int, timeouts: TransferTimeouts = TransferTimeouts(),
              kv_transfer_failure: str = "recompute"):  # fmt: skip
     def args(tp: int) -> EngineArgs:
-        return EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256, tensor_parallel_size=tp)
+        return EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256, tensor_parallel_size=tp, dtype="float32")
 
     workers, stream, driver = [], TokenStream(), Driver()
     try:

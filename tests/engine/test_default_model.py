@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def smollm2():
     model_dir = resolve_model(None)  # converts the GGUF once into the cache
-    return model_dir, LLM(str(model_dir), kv_cache_memory=64 * 2**20, max_model_len=2048)
+    return model_dir, LLM(str(model_dir), kv_cache_memory=64 * 2**20, max_model_len=2048, dtype="float32")
 
 
 def _chat_ids(tokenizer, question: str) -> list[int]:

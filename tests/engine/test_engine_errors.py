@@ -7,7 +7,7 @@ from engine import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dirs):
-    return LLM(tiny_model_dirs["llama"], num_kv_blocks=32, max_model_len=64)
+    return LLM(tiny_model_dirs["llama"], num_kv_blocks=32, max_model_len=64, dtype="float32")
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ def _generate(llm: LLM) -> list[list[int]]:
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_greedy_matches_transformers(tiny_model_dirs, arch, scenario):
     model_dir = tiny_model_dirs[arch]
-    llm = LLM(model_dir, **SCENARIOS[scenario])
+    llm = LLM(model_dir, **SCENARIOS[scenario], dtype="float32")
     expected = [list(r) for r in _reference(model_dir)]
     assert _generate(llm) == expected
     engine = llm.engine
@@ -69,7 +69,7 @@ def test_prefill_logits_match_transformers(tiny_model_dirs, arch):
     from engine.scheduler import ScheduledRequest
 
     model_dir = tiny_model_dirs[arch]
-    llm = LLM(model_dir, num_kv_blocks=16)
+    llm = LLM(model_dir, num_kv_blocks=16, dtype="float32")
     engine = llm.engine
     prompt = PROMPTS[3]
     engine.add_request("r", {"prompt_token_ids": prompt}, SamplingParams(max_tokens=1))

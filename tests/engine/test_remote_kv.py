@@ -28,7 +28,7 @@ SHARED = _BASE[:36]  # two full blocks of 16 shared by the prompts below
 
 
 def _engine(model_dir: str, num_blocks: int = 32, **kwargs) -> LLMEngine:
-    args = EngineArgs(model=model_dir, num_kv_blocks=num_blocks, max_model_len=128, **kwargs)
+    args = EngineArgs(model=model_dir, num_kv_blocks=num_blocks, max_model_len=128, **kwargs, dtype="float32")
     return LLMEngine.from_args(args, show_progress=False)
 
 

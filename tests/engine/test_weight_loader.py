@@ -33,7 +33,7 @@ def test_missing_config_and_missing_weights(tiny_model_dirs, tmp_path):
     d = _copy(tiny_model_dirs["qwen2"], tmp_path)
     (d / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="safetensors"):
-        LLM(str(d), num_kv_blocks=8)
+        LLM(str(d), num_kv_blocks=8, dtype="float32")
 
 
 def test_missing_shard_named(tiny_model_dirs, tmp_path):
@@ -41,7 +41,7 @@ def test_missing_shard_named(tiny_model_dirs, tmp_path):
     shard = sorted(d.glob("model-*.safetensors"))[1]
     shard.unlink()
     with pytest.raises(FileNotFoundError, match=shard.name):
-        LLM(str(d), num_kv_blocks=8)
+        LLM(str(d), num_kv_blocks=8, dtype="float32")
 
 
 def test_shape_mismatch_names_file_and_tensor(tiny_model_dirs, tmp_path):
@@ -51,7 +51,7 @@ def test_shape_mismatch_names_file_and_tensor(tiny_model_dirs, tmp_path):
     tensors[name] = torch.zeros(7, 64)
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(WeightLoadError, match=rf"model.safetensors.*{name}.*\(7, 64\)"):
-        LLM(str(d), num_kv_blocks=8)
+        LLM(str(d), num_kv_blocks=8, dtype="float32")
 
 
 def test_missing_tensor_is_reported(tiny_model_dirs, tmp_path):
@@ -60,7 +60,7 @@ def test_missing_tensor_is_reported(tiny_model_dirs, tmp_path):
     del tensors["model.layers.0.mlp.up_proj.weight"]
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(WeightLoadError, match="layers.0.mlp.gate_up_proj.weight"):
-        LLM(str(d), num_kv_blocks=8)
+        LLM(str(d), num_kv_blocks=8, dtype="float32")
 
 
 def test_bfloat16_loads_and_generates(tiny_model_dirs):
@@ -73,7 +73,7 @@ def test_bfloat16_loads_and_generates(tiny_model_dirs):
 
 
 def test_kv_cache_sized_from_memory_budget(tiny_model_dirs):
-    llm = LLM(tiny_model_dirs["llama"], kv_cache_memory=1 << 20, block_size=16)
+    llm = LLM(tiny_model_dirs["llama"], kv_cache_memory=1 << 20, block_size=16, dtype="float32")
     cfg = llm.engine.config.model
     per_block = 2 * cfg.num_layers * 16 * cfg.num_kv_heads * cfg.head_dim * 4
     assert llm.engine.runner.num_blocks == (1 << 20) // per_block

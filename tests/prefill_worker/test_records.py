@@ -37,7 +37,7 @@ DECODE = "tcp://decode-kv:1"
 def rig(tiny_model_dirs):
     def make(budget: int = 2048, **config):
         args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=32, max_model_len=256,
-                          max_num_batched_tokens=budget)  # fmt: skip
+                          max_num_batched_tokens=budget, dtype="float32")  # fmt: skip
         engine = LLMEngine.from_args(args, skip_tokenizer_init=True, show_progress=False)
         io, pushers = FakeIO(), FakePushers()
         worker = PrefillWorker(engine, PrefillWorkerConfig(**config), io, LoadBoard("p"), pushers)

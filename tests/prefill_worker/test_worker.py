@@ -26,7 +26,7 @@ from tests.kvtransfer.peers import FAST, same_bits, serving, zero_caches
 @pytest.fixture
 def rig(tiny_model_dirs):
     model_dir = tiny_model_dirs["llama"]
-    args = EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256)
+    args = EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256, dtype="float32")
     hosted = HostedWorker("p0", prefill_worker_maker(args, PrefillWorkerConfig("p0", timeouts=FAST)))
     spec = kv_spec_for(hosted.worker.engine.config)
     receiver = KVReceiver(zero_caches(spec, 16), spec, "tcp://127.0.0.1:0", timeouts=FAST)

@@ -35,7 +35,7 @@ def _local(actor):
 
 @pytest.fixture(scope="module")
 def actors(tiny_model_dirs):
-    args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256)
+    args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256, dtype="float32")
     prefill = PrefillActor(args, PrefillWorkerConfig("prefill-0"), torch_threads=None)
     decode = DecodeActor(args, DecodeWorkerConfig("decode-0"), torch_threads=None)
     yield prefill, decode
@@ -117,7 +117,7 @@ def test_closing_an_unfinished_generation_aborts_it_on_both_workers(actors):
 
 
 def test_a_failing_prefill_worker_is_suspect_not_dead_and_decode_serves_its_requests(actors, tiny_model_dirs):
-    args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256)
+    args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256, dtype="float32")
     stopped = PrefillActor(args, PrefillWorkerConfig("prefill-gone"), torch_threads=None)
 
     async def main():

@@ -147,7 +147,7 @@ def test_a_prefill_call_that_fails_is_resumed_with_local_prefill_and_the_worker_
 
 @pytest.fixture(scope="module")
 def decode_actor(tiny_model_dirs):
-    args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256)
+    args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256, dtype="float32")
     actor = DecodeActor(args, DecodeWorkerConfig("decode-0"), torch_threads=None)  # never prefills on its own
     yield actor
     actor.shutdown()

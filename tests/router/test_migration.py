@@ -34,7 +34,7 @@ LONG = SamplingSpec(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def engine_args(tiny_model_dirs):
-    return EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256)
+    return EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256, dtype="float32")
 
 
 @pytest.fixture(scope="module")

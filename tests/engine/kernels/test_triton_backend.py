@@ -47,7 +47,7 @@ def _greedy(model_dir: str, backend: str) -> list[list[int]]:
     # 8 tokens a step: the short prompt decodes while the long one is prefilled
     # in chunks (mixed steps, extends over cached chunks); on the second pass the
     # long prompt hits its first 16 tokens in the prefix cache.
-    llm = LLM(model_dir, num_kv_blocks=32, max_num_batched_tokens=8, attention_backend=backend)
+    llm = LLM(model_dir, num_kv_blocks=32, max_num_batched_tokens=8, attention_backend=backend, dtype="float32")
     prompts = [[3, 14, 15, 92, 65, 2], [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28]]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     requests = [{"prompt_token_ids": p} for p in prompts]
@@ -84,7 +84,7 @@ def test_unsupported_block_size_is_refused_at_config(tiny_model_dirs):
     with pytest.raises(ValueError, match="block_size"):
         EngineConfig(**_config(tiny_model_dirs, cache=CacheConfig(block_size=8)))
     with pytest.raises(ValueError, match="block_size"):
-        LLM(tiny_model_dirs["llama"], block_size=8, attention_backend="triton")
+        LLM(tiny_model_dirs["llama"], block_size=8, attention_backend="triton", dtype="float32")
 
 
 def test_cpu_without_interpreter_or_in_bfloat16_is_refused(tiny_model_dirs, monkeypatch):

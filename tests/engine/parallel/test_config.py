@@ -28,7 +28,7 @@ def test_divisible_shapes_pass(heads, kv_heads, inter, tp):
 
 def test_engine_args_reject_a_tp_size_the_model_cannot_take(tiny_model_dirs):
     with pytest.raises(ValueError, match="attention heads"):  # tiny models have 4 heads
-        EngineArgs(model=tiny_model_dirs["llama"], tensor_parallel_size=3).create_engine_config()
+        EngineArgs(model=tiny_model_dirs["llama"], tensor_parallel_size=3, dtype="float32").create_engine_config()
 
 
 @pytest.mark.parametrize(

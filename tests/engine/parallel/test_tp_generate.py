@@ -71,7 +71,7 @@ def _run_rank(rank: int, model_dirs: dict[str, str], ports: list[int], out_dir: 
     for arch, port in zip(ARCHS, ports):
         tp_args = dict(tensor_parallel_size=TP, tensor_parallel_rank=rank, dist_init_addr=f"127.0.0.1:{port}")
         if rank == 0:
-            llm = LLM(model_dirs[arch], **tp_args, **ENGINE_ARGS)
+            llm = LLM(model_dirs[arch], **tp_args, **ENGINE_ARGS, dtype="float32")
             save_file({"logits": _prompt_logits(llm.engine)}, str(Path(out_dir, f"{arch}.logits")))
             first, second, cached = _generate_twice(llm)
             engine = llm.engine
@@ -82,7 +82,7 @@ def _run_rank(rank: int, model_dirs: dict[str, str], ports: list[int], out_dir: 
             )
             engine.shutdown()
         else:
-            args = EngineArgs(model=model_dirs[arch], **tp_args, **ENGINE_ARGS)
+            args = EngineArgs(model=model_dirs[arch], **tp_args, **ENGINE_ARGS, dtype="float32")
             follower = TPFollower(args.create_engine_config())
             kv_heads = follower.runner.kv_caches[0][0].shape[2]
             report[arch] = dict(steps=follower.run(), kv_heads=kv_heads)
@@ -104,7 +104,7 @@ def test_tp2_greedy_matches_tp1_and_transformers(tiny_model_dirs, tmp_path):
     ranks = mp.spawn(_run_rank, args=args, nprocs=TP, join=False, daemon=True)
     # The references are computed while the ranks load and run.
     expected = {arch: [list(r) for r in _reference(tiny_model_dirs[arch])] for arch in ARCHS}
-    single = {arch: _generate_twice(LLM(tiny_model_dirs[arch], **ENGINE_ARGS)) for arch in ARCHS}
+    single = {arch: _generate_twice(LLM(tiny_model_dirs[arch], **ENGINE_ARGS, dtype="float32")) for arch in ARCHS}
     _join(ranks, timeout_s=300)
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(TP))
     for arch in ARCHS:
