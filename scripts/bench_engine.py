@@ -151,16 +151,10 @@ def bench_tandem(args, workloads: list[Workload], warmup: Workload) -> tuple[lis
 def machine_info() -> dict:
     import transformers
 
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from engine.cpu_features import cpu_features
+
     return {
-        "cpu": cpu,
+        "cpu": cpu_features().model,
         "cores": len(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -276,7 +270,8 @@ def extra_lines(results: list[Result], workloads: list[Workload]) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=("a", "b", "both"), default="both")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="for every engine")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="for every engine; auto: what Tandem's default picks on this machine (engine.config.auto_dtype)")
     p.add_argument("--num-requests", type=int, default=64, help="requests in workload b")
     p.add_argument("--hf-batch-size", type=int, default=32, help="transformers' static batch size in workload b")
     p.add_argument("--seed", type=int, default=0)
@@ -307,6 +302,10 @@ def build_workloads(args, tokenizer) -> list[Workload]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.dtype == "auto":  # the user's default, resolved once so that every engine runs the same dtype
+        from engine.config import auto_dtype
+
+        args.dtype = str(auto_dtype("cpu")).removeprefix("torch.")
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer

@@ -22,10 +22,12 @@ import re
 import subprocess
 from pathlib import Path
 
+from engine.cpu_features import cpu_features
+
 
 def instruction_set() -> str:
     """The widest vector extensions this CPU reports (what the kernels could use), e.g. "AVX-512 (BF16, AMX)"."""
-    flags = set(next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), []))
+    flags = cpu_features().flags
     if "avx512f" in flags:
         extras = [name for flag, name in (("avx512_bf16", "BF16"), ("amx_tile", "AMX")) if flag in flags]
         return "AVX-512" + (f" ({', '.join(extras)})" if extras else "")
@@ -34,9 +36,8 @@ def instruction_set() -> str:
 
 def machine_line(*versions: str) -> str:
     """CPU model and instruction set, cores, load average now (the machine is shared), then `versions` and Python's."""
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), None)
     return ", ".join([
-        f"{cpu or platform.processor() or 'unknown CPU'} ({instruction_set()})",
+        f"{cpu_features().model} ({instruction_set()})",
         f"{len(os.sched_getaffinity(0))} cores",
         f"shared with other work: load average {os.getloadavg()[0]:.1f} at the end",
         *versions,

@@ -36,7 +36,8 @@ def test_quick_mixed_sweep_writes_table_json_and_plots(tiny_model_dirs, tmp_path
             assert (tmp_path / "out" / f"mixed-{_slug(row['config'])}_{plot}.png").stat().st_size > 0
 
     text = markdown.read_text()
-    assert text.startswith("# earlier content\n")  # appended, not overwritten
+    assert text.startswith("# earlier content\n")  # a file without the script's section gets one at its end
+    assert len(list((tmp_path / "benchmarks" / "history").glob("*-bench_cluster.md"))) == 1  # the full record
     assert "## Cluster sweeps" in text and "python scripts/bench_cluster.py --quick" in text
     for config in CONFIGS:
         row = next(line for line in text.splitlines() if line.startswith(f"| {config} |"))
