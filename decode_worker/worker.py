@@ -63,7 +63,7 @@ class DecodeWorkerConfig(WorkerConfig):
 
 
 class DecodeWorker(RequestTable):
-    transitions = TRANSITIONS
+    transitions, abort_event = TRANSITIONS, Event.ABORT
 
     def __init__(self, engine: LLMEngine, config: DecodeWorkerConfig, io, board: LoadBoard, receiver_address: str,
                  inbox: PullSocket, pushers: Pushers):  # fmt: skip
@@ -161,14 +161,9 @@ class DecodeWorker(RequestTable):
         self._admit_ready()  # seats freed by finished requests
         return True
 
-    def next_deadline(self) -> float | None:
-        return self.lease.next_deadline(self.records.values())
-
     def check_deadlines(self) -> None:
         now = time.monotonic()
-        if self.records and self.lease.expired(now):
-            for request_id in list(self.records):
-                self.on(request_id, Event.ABORT, self.lease.reason)
+        self.end_all_if_router_gone(now)
         for record in due(self.records.values(), now):
             if record.phase is Phase.AWAITING_KV:
                 self.on(record.request_id, Event.NO_FIRST_TOKEN,

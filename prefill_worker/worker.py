@@ -59,7 +59,7 @@ class PrefillWorkerConfig(WorkerConfig):
 
 
 class PrefillWorker(RequestTable):
-    transitions = TRANSITIONS
+    transitions, abort_event = TRANSITIONS, Event.ABORT
 
     def __init__(self, engine: LLMEngine, config: PrefillWorkerConfig, io, board: LoadBoard, pushers: Pushers):
         """`io`: the I/O thread (anything with `post(command)`); the worker owns and closes it and `pushers`."""
@@ -143,14 +143,9 @@ class PrefillWorker(RequestTable):
             self._hand_over(out)
         return True
 
-    def next_deadline(self) -> float | None:
-        return self.lease.next_deadline(self.records.values())
-
     def check_deadlines(self) -> None:
         now = time.monotonic()
-        if self.records and self.lease.expired(now):
-            for request_id in list(self.records):  # the router is gone: nobody waits for these
-                self.on(request_id, Event.ABORT, self.lease.reason)
+        self.end_all_if_router_gone(now)
         for record in due(self.records.values(), now):
             self.on(record.request_id, Event.ACK_TIMEOUT,
                      f"rank(s) {sorted(record.holders)} did not let go of it within {self.config.rank_ack_timeout_s}s")
