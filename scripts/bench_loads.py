@@ -39,12 +39,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_report import machine_line, record_run, run_text  # noqa: E402
-from cluster_bench.servers import free_port, vllm_server  # noqa: E402
+from cluster_bench.servers import free_port, peer_dtype, vllm_server  # noqa: E402
 
 SERVERS = (
     "Tandem: `tandem serve` with its defaults (embedded local Ray, 1 prefill + 1 decode worker, one torch thread "
-    "each, float32, max_model_len 8192, max_num_batched_tokens 2048). vLLM CPU (`../shared/tools/peer-vllm`): "
-    "float32, the same max_model_len and batched-token budget, OpenMP on both cores. One server up at a time; "
+    "each, dtype auto: {dtype} here, max_model_len 8192, max_num_batched_tokens 2048). vLLM CPU "
+    "(`../shared/tools/peer-vllm`): {dtype}, the same max_model_len and batched-token budget, OpenMP on both "
+    "cores. One server up at a time; "
     "clients: `vllm bench serve` (vLLM's own, `../shared/tools/vllm-bench`) and `scripts/bench_serving.py`, "
     "random prompts with `--ignore-eos`. Loads:\n"
 )
@@ -212,7 +213,7 @@ def main(argv=None) -> None:
     print(text)
     print(f"results: {result_dir}")
     if args.markdown:
-        details = SERVERS + "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
+        details = SERVERS.format(dtype=peer_dtype()) + "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
         record = run_text("bench_loads.py", sys.argv[1:], machine_line(), details, text)
         record_run(args.markdown, "bench_loads.py", record)
     lost = [r for r in rows if r["server"] == "tandem" and (r["failed"] or r["restarts"])]

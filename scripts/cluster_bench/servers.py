@@ -47,9 +47,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def peer_dtype() -> str:
+    """vLLM's dtype beside Tandem: what Tandem's auto picks here (bf16 where the CPU computes it natively,
+    which is vLLM's fastest there too; float32 elsewhere, where vLLM's bf16 is emulated and slow)."""
+    from engine.config import auto_dtype
+
+    return str(auto_dtype("cpu")).removeprefix("torch.")
+
+
 def vllm_command(python: str, model_dir: str, served_model_name: str, port: int, engine: dict) -> list[str]:
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name",
-            served_model_name, "--dtype", "float32", "--max-model-len", str(engine["max_model_len"]),
+            served_model_name, "--dtype", peer_dtype(), "--max-model-len", str(engine["max_model_len"]),
             "--max-num-batched-tokens", str(engine["max_num_batched_tokens"]), "--max-num-seqs",
             str(engine["max_num_seqs"]), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
 
