@@ -49,8 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--num-kv-blocks", type=int, help="Tandem KV blocks per worker (default: the engine's sizing)")
     p.add_argument("--result-dir", help="default: bench_results/cluster-<date>")
-    p.add_argument("--markdown", help="the tables (with command, machine, model, date) as the latest result in this "
-                   "file (BENCHMARKS.md), their full record under benchmarks/history/ beside it")
+    bench_report.add_markdown_option(p)
     args = p.parse_args(argv)
     args.sweep_names = tuple(s.strip() for s in args.sweeps.split(",") if s.strip())
     return args

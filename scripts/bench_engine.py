@@ -281,8 +281,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vllm-python", default=None, help="python of a virtualenv with vLLM (CPU build)")
     p.add_argument("--vllm-timeout", type=int, default=1800, help="seconds before the vLLM worker is abandoned")
     p.add_argument("--skip-hf", action="store_true", help="leave transformers out")
-    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
-                   "its full record under benchmarks/history/ beside it")
+    bench_report.add_markdown_option(p)
     p.add_argument("--json", default=None, help="write raw results to this JSON file")
     args = p.parse_args(argv)
     if args.output_len_scale <= 0:

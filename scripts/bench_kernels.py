@@ -192,8 +192,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--markdown", help="the results as the latest in this file (BENCHMARKS.md), "
-                        "their full record under benchmarks/history/ beside it")
+    bench_report.add_markdown_option(parser)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))

@@ -290,8 +290,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
-                   "its full record under benchmarks/history/ beside it")
+    bench_report.add_markdown_option(p)
     return p.parse_args(argv)
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_report import machine_line, record_run, run_text  # noqa: E402
+from bench_report import add_markdown_option, machine_line, record_run, run_text  # noqa: E402
 from cluster_bench.servers import free_port, peer_dtype, vllm_server  # noqa: E402
 
 SERVERS = (
@@ -188,8 +188,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--length-scale", type=float, default=1.0, help="token lengths, times this (a small model)")
     p.add_argument("--with-vllm", action="store_true", help="then the same loads against vLLM's CPU server")
     p.add_argument("--vllm-threads", type=int, default=2)
-    p.add_argument("--markdown", help="the table (with command, machine, commit) as the latest result in this file "
-                   "(BENCHMARKS.md), its full record under benchmarks/history/ beside it")
+    add_markdown_option(p)
     args = p.parse_args(argv)
     args.clients = ("vllm", "ours") if args.client == "both" else (args.client,)
     return args

@@ -22,7 +22,7 @@ import sys
 import time
 from collections import deque
 
-from bench_report import machine_line, record_run, run_text
+from bench_report import add_markdown_option, machine_line, record_run, run_text
 
 from router.block_keys import block_keys
 from router.policy import make_policy
@@ -98,8 +98,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-user-tokens", type=int, default=512)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
-                   "its full record under benchmarks/history/ beside it")
+    add_markdown_option(p)
     return p.parse_args(argv)
 
 

@@ -34,6 +34,14 @@ def instruction_set() -> str:
     return "AVX2" if "avx2" in flags else "no AVX2"
 
 
+def add_markdown_option(parser) -> None:
+    """`--markdown FILE`: the run's latest result replaces its script's section in FILE (BENCHMARKS.md), and
+    its full record goes under benchmarks/history/ beside it (`record_run`)."""
+    parser.add_argument("--markdown", default=None, metavar="FILE",
+                        help="the run's latest result in FILE (BENCHMARKS.md), its full record under "
+                             "benchmarks/history/ beside it")  # fmt: skip
+
+
 def machine_line(*versions: str) -> str:
     """CPU model and instruction set, cores, load average now (the machine is shared), then `versions` and Python's."""
     return ", ".join([

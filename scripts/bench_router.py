@@ -200,8 +200,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--port", type=int, default=18431)
-    parser.add_argument("--markdown", help="the results as the latest in this file (BENCHMARKS.md), "
-                        "their full record under benchmarks/history/ beside it")
+    bench_report.add_markdown_option(parser)
     parser.add_argument("--serve-router", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--serve-stub", choices=("decode", "prefill"), help=argparse.SUPPRESS)
     args = parser.parse_args()

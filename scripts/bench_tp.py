@@ -135,8 +135,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--kv-blocks", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3, help="timed runs per engine (best and median reported)")
-    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
-                   "its full record under benchmarks/history/ beside it")
+    bench_report.add_markdown_option(p)
     return p.parse_args(argv)
 
 

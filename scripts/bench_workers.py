@@ -136,8 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch threads in all (split between the two actors)")
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--markdown", default=None, help="the run's latest-result section in this file (BENCHMARKS.md), "
-                   "its full record under benchmarks/history/ beside it")
+    bench_report.add_markdown_option(p)
     return p.parse_args(argv)
 
 
