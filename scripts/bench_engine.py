@@ -42,6 +42,7 @@ import torch
 from tqdm import tqdm
 
 import bench_report
+from cluster_bench.servers import peer_dtype
 from engine_baselines import MAX_MODEL_LEN, bench_hf, bench_vllm
 from engine_workloads import Result, Workload, warmup_workload, workload_a, workload_b
 
@@ -271,7 +272,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=("a", "b", "both"), default="both")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="for every engine; auto: what Tandem's default picks on this machine (engine.config.auto_dtype)")
+                   help="for every engine; auto: what Tandem's default picks on this machine (cluster_bench.servers.peer_dtype)")
     p.add_argument("--num-requests", type=int, default=64, help="requests in workload b")
     p.add_argument("--hf-batch-size", type=int, default=32, help="transformers' static batch size in workload b")
     p.add_argument("--seed", type=int, default=0)
@@ -302,9 +303,7 @@ def build_workloads(args, tokenizer) -> list[Workload]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dtype == "auto":  # the user's default, resolved once so that every engine runs the same dtype
-        from engine.config import auto_dtype
-
-        args.dtype = str(auto_dtype("cpu")).removeprefix("torch.")
+        args.dtype = peer_dtype()
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer

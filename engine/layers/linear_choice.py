@@ -36,8 +36,6 @@ from typing import Callable, Sequence
 
 import torch
 
-from engine.cpu_features import cpu_features
-
 logger = logging.getLogger("tandem.engine")
 
 Tensor = torch.Tensor
@@ -132,11 +130,6 @@ def describe(choice: Sequence[str]) -> str:
         return "1 row" if last == 1 else f"{first}+ rows" if last >= 1 << 30 else f"{first}-{last} rows"
 
     return ", ".join(f"{rows(first, last)}: {name}" for (first, last, _), name in zip(BANDS, choice))
-
-
-def cpu_signature() -> str:
-    """The CPU model and the vector extensions a kernel may use (what a choice depends on)."""
-    return cpu_features().signature()
 
 
 def _cache_dir() -> Path:

@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.layers.linear_choice import Candidate, band_of, cached_choice, choose, cpu_signature, describe
+from engine.cpu_features import cpu_features
+from engine.layers.linear_choice import Candidate, band_of, cached_choice, choose, describe
 from engine.native import load_cpu_kernels
 
 Tensor = torch.Tensor
@@ -120,7 +121,7 @@ def chosen_linear(kernels, dtype: torch.dtype, shapes: Sequence[tuple[int, int]]
     candidates = {c.name: c for c in linear_candidates(kernels, dtype)}
     pack, _ = make_packed_linear(kernels)
     makers = {"dense": lambda w: w, "packed": pack}
-    key = [cpu_signature(), f"threads {torch.get_num_threads()}", str(dtype), f"torch {torch.__version__}",
+    key = [cpu_features().signature(), f"threads {torch.get_num_threads()}", str(dtype), f"torch {torch.__version__}",
            kernels.__name__, " ".join(sorted(candidates)), repr(sorted(set(shapes)))]  # fmt: skip
     if choice is None:
         choice = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(shapes)), dtype, makers))

@@ -20,6 +20,8 @@ import os
 import time
 from pathlib import Path
 
+from engine.cpu_features import cpu_features
+
 logger = logging.getLogger("tandem.engine")
 
 _CSRC = Path(__file__).parent / "csrc"
@@ -84,9 +86,8 @@ def _module_name() -> str:
     # under one name would make each build look stale to the other, rebuilt on every load.
     # The CPU counts too (the build is for its instruction set: -march=native), so a cache shared between
     # machines never hands an AVX-512 build to an AVX2-only CPU.
-    from engine.layers.linear_choice import cpu_signature
-
-    digest = hashlib.blake2b(" ".join([*_FLAGS, str(_CSRC.resolve()), cpu_signature()]).encode(), digest_size=6)
+    digest = hashlib.blake2b(" ".join([*_FLAGS, str(_CSRC.resolve()), cpu_features().signature()]).encode(),
+                             digest_size=6)
     for source in _SOURCES + _HEADERS:
         digest.update(source.read_bytes())
     return f"tandem_cpu_kernels_{digest.hexdigest()}"

@@ -10,6 +10,7 @@ from engine import SamplingParams
 from router import handoff
 from router.control_client import control_endpoint
 from router.handoff import HandoffTimeouts
+from runtime.hosting import HostedWorker
 from runtime.engine_bridge import sampling_spec
 from wire.requests import GenerateRequest
 from wire.push_pull import StreamedRequest, TokenStream
@@ -44,7 +45,7 @@ class Driver:
 
     def endpoint(self, worker) -> "Endpoint":
         """`worker`: a hosted worker (`runtime.hosting.HostedWorker`) or a Ray actor handle of a rank 0."""
-        address = worker.worker.control_address if hasattr(worker, "worker") else _ray_control_address(worker)
+        address = worker.worker.control_address if isinstance(worker, HostedWorker) else _ray_control_address(worker)
 
         async def connect():
             return control_endpoint(address)

@@ -32,3 +32,10 @@ def test_features_are_read_from_cpuinfo(tmp_path):
     assert features.native_bf16 and features.signature() == "Test CPU 9000 [avx2 fma avx512_bf16]"
     missing = cpu_features.__wrapped__(str(tmp_path / "absent"))
     assert missing == CPUFeatures("unknown CPU", frozenset()) and not missing.native_bf16
+
+
+def test_the_cpu_signature_names_the_model_and_its_vector_extensions():
+    signature = cpu_features().signature()
+    assert "[" in signature and signature.endswith("]")
+    if "avx512f" in open("/proc/cpuinfo").read():
+        assert "avx512f" in signature

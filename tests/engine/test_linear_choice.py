@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.layers import linear_choice
 from engine.layers.linear_choice import BANDS, Candidate, band_of, cached_choice, choose
 
 
@@ -60,13 +59,6 @@ def test_a_damaged_cache_entry_is_timed_again(tmp_path, monkeypatch):
     (entry,) = (tmp_path / "kernel-choice").glob("*.json")
     entry.write_text("{not json")
     assert cached_choice(["k"], lambda: ("b",) * len(BANDS)) == ("b",) * len(BANDS)
-
-
-def test_the_cpu_signature_names_the_model_and_its_vector_extensions():
-    signature = linear_choice.cpu_signature()
-    assert "[" in signature and signature.endswith("]")
-    if "avx512f" in open("/proc/cpuinfo").read():
-        assert "avx512f" in signature
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
