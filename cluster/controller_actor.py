@@ -2,12 +2,13 @@
 
     ControllerActor    a threaded actor holding the `Controller` (pools, health watch,
                        restarts, drain) and the `Membership` the router syncs with
+                       over its membership socket (`cluster.membership_service`)
     ControllerClient   the serving process's view: start, scale, status, members, shutdown
 
 The actor sits on the serving process's node (the router's, usually the head), so
 a scale or a restart never waits on another machine to reach the router. It is
-threaded (`max_concurrency`): the router's long-poll `sync`, a scale in progress,
-status calls, the health watch and restarts run at the same time.
+threaded (`max_concurrency`): a scale in progress, status calls, the health watch
+and restarts run at the same time, and the router's long poll on its own thread.
 
 Every part can die and the rest goes on: the workers are detached actors named
 in the deployment's namespace (`cluster.actor_names`), so they outlive this
@@ -30,9 +31,11 @@ from cluster import ledger
 from cluster.actor_names import CONTROLLER, detached
 from cluster.controller import Controller
 from cluster.membership import Membership
+from cluster.membership_service import MembershipService
 from cluster.orphans import ServingProcess, watch_serving_process
 from cluster.spec import ClusterSpec, SpecError
 from cluster.workers import launch
+from wire.socket_security import ClusterKey
 
 logger = logging.getLogger("tandem.cluster")
 
@@ -54,6 +57,9 @@ class ControllerActor:
         elif serving is not None:  # another pid namespace (a container, a Ray client): never end on a false alarm
             logger.warning("the serving process (pid %d) is not visible from here: the deployment will not end "
                            "by itself if it dies", serving.pid)  # fmt: skip
+        # Last: the router's first sync must see the workers taken over, never an empty membership.
+        key = ClusterKey.parse(spec.cluster_key) if spec.cluster_key else None
+        self.membership_service = MembershipService(self.membership, key)  # lives as long as this process
 
     def _take_over(self, spec: ClusterSpec) -> None:
         """Before any call is served (the router's sync among them): the workers the last incarnation left."""
@@ -108,8 +114,9 @@ class ControllerActor:
         """(spec, workers): the PoolWorkers with their Ray handles, as of now."""
         return self.controller.members()
 
-    def sync(self, report: dict, known_version: int, latency_totals: dict | None = None) -> tuple:
-        return self.membership.sync(report, known_version, latency_totals)
+    def membership_address(self) -> str:
+        """Where the router syncs (`cluster.router_sync`): a new port after each restart of this actor."""
+        return self.membership_service.address
 
     def shutdown(self) -> None:
         self.controller.shutdown()
@@ -130,7 +137,7 @@ def start_controller(spec: ClusterSpec, namespace: str | None = None):
     """The actor, pinned to this process's node; returns its handle (the engines start with `start`).
 
     Ray restarts it when it dies and retries the calls it was running (`max_task_retries`): every method is
-    safe to run again (scale takes absolute sizes, sync and status only read). With a namespace it is
+    safe to run again (scale takes absolute sizes, status and membership_address only read). With a namespace it is
     detached and named there like the workers: it outlives this process's Ray job (a `tandem serve` killed
     on a cluster that goes on), watches this process and ends the deployment once it is gone."""
     import ray

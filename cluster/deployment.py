@@ -6,7 +6,8 @@
     deployment.stop()                 # workers drained of nothing, stopped; controller, router stopped
 
 The router (and the admin endpoints) run on a thread of this process and keep
-their registry in step with the controller actor (`cluster.router_sync`); the
+their registry in step with the controller actor over its membership socket
+(`cluster.router_sync`); the
 controller places the workers as Ray actors, detached and named in the
 deployment's own namespace so that they outlive a controller that dies (Ray
 restarts it and it takes them over). Ownership: the deployment owns the router
@@ -100,10 +101,14 @@ class Deployment:
         self.server = RouterServer(self.app, spec.router.host, spec.router.port)
         self.namespace = new_namespace()  # where its workers are named (cluster.actor_names)
         self.controller = self.app.state.controller = ControllerClient(start_controller(spec, self.namespace))
-        sync = RouterSync(registry, self.controller.handle, self.app.state.router.metrics.latency_totals,
+        sync = RouterSync(registry, self._membership_address, self.app.state.router.metrics.latency_totals,
                           self.config.cluster_key)  # fmt: skip
         self._sync_task = self.server.call(lambda: asyncio.get_running_loop().create_task(sync.run()))
         self._stopped = False
+
+    async def _membership_address(self) -> str:
+        """Where the controller actor's membership socket is (Ray waits while it restarts)."""
+        return await self.controller.handle.membership_address.remote()
 
     @property
     def url(self) -> str:

@@ -1,17 +1,20 @@
 """Who the router should send to, agreed between the controller actor and the router, in one place.
 
     controller actor                           router process (its event loop)
-    register(worker) / drain / unregister      sync(report) every sync interval (a long poll):
-      changes the wanted membership,             report: what its registry holds now
-      waits until a report shows it applied      reply: the wanted membership
-    snapshot()  the router's last report       it registers, drains and unregisters to match
+    register(worker) / drain / unregister      sync(report) every sync interval (a long poll on the
+      changes the wanted membership,             controller's membership socket, `wire.membership`):
+      waits until a report shows it applied      report: what its registry holds now
+    snapshot()  the router's last report         reply: the wanted membership; it registers,
+                                                 drains and unregisters to match
 
-The controller and the router live in different processes and reach each other
-only through Ray calls carrying plain values and msgpack (`WorkerLoad`). The
-router stays the sole owner of its registry; the controller owns the wanted
-membership. `register`/`drain`/`unregister` return once the router applied the
-change (or after `ack_timeout_s` if the router stops syncing: a router that is
-gone cannot send anything anywhere), so "scaled" means "the router sees it".
+The controller and the router live in different processes (the controller is a
+restartable Ray actor) and reach each other over one ZMQ control socket
+(`cluster.membership_service`, `cluster.router_sync`); Ray only starts the
+actor and tells the router where that socket is. The router stays the sole
+owner of its registry; the controller owns the wanted membership.
+`register`/`drain`/`unregister` return once the router applied the change (or
+after `ack_timeout_s` if the router stops syncing: a router that is gone
+cannot send anything anywhere), so "scaled" means "the router sees it".
 
 A worker's incarnation is its rank 0's Ray actor id: the same to every
 controller, so a restarted controller that adopts the workers (`adopt`) wants
@@ -22,37 +25,9 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from wire.codec import decode
-from wire.requests import WorkerLoad
-
-
-@dataclass(frozen=True)
-class WantedWorker:
-    """One membership entry: `worker` (a `cluster.workers.PoolWorker`, TP followers left out) says how to reach it."""
-
-    name: str
-    role: str
-    incarnation: str  # rank 0's Ray actor id: a restarted worker keeps its name and gets a new incarnation
-    worker: object
-    draining: bool = False
-
-
-@dataclass(frozen=True)
-class RouterView:
-    """One worker as the router's registry holds it (a report entry)."""
-
-    incarnation: str
-    alive: bool
-    draining: bool
-    in_flight: int
-    load: bytes | None = None  # wire.codec WorkerLoad, as last refreshed
-
-    def as_state(self) -> tuple:
-        """(alive, draining, in_flight, WorkerLoad or None): the shape `cluster.status` reads."""
-        load = decode(self.load, WorkerLoad) if self.load is not None else None
-        return self.alive, self.draining, self.in_flight, load
+from wire.membership import MemberView, MembershipReport, WantedMember, WantedMembership
 
 
 class Membership:
@@ -60,8 +35,8 @@ class Membership:
 
     def __init__(self, ack_timeout_s: float = 30.0, poll_s: float = 0.25):
         self.ack_timeout_s, self.poll_s = ack_timeout_s, poll_s
-        self._wanted: dict[str, WantedWorker] = {}
-        self._report: dict[str, RouterView] = {}
+        self._wanted: dict[str, WantedMember] = {}
+        self._report: dict[str, MemberView] = {}
         self._version = 0  # bumped on every change to `_wanted`
         self._changed = threading.Condition()
         self.latency_totals: dict[str, tuple[float, float]] = {}  # the router's cumulative TTFT / TPOT (sum, count)
@@ -95,19 +70,18 @@ class Membership:
     def snapshot(self) -> dict:
         """name -> (alive, draining, in_flight, WorkerLoad or None), from the router's last report."""
         with self._changed:
-            return {name: view.as_state() for name, view in self._report.items()}
+            return {name: (v.alive, v.draining, v.in_flight, v.load) for name, v in self._report.items()}
 
     # ---- the router's side ----------------------------------------------------
-    def sync(self, report: dict[str, RouterView], known_version: int,
-             latency_totals: dict[str, tuple[float, float]] | None = None) -> tuple[int, list[WantedWorker]]:  # fmt: skip
-        """Take the router's report; reply with the wanted membership once it differs from `known_version`
-        (or after `poll_s`, so reports keep coming while nothing changes)."""
+    def sync(self, report: MembershipReport) -> WantedMembership:
+        """Take the router's report; reply with the wanted membership once it differs from the version the
+        router knows (or after `poll_s`, so reports keep coming while nothing changes)."""
         with self._changed:
-            self._report = dict(report)
-            self.latency_totals = dict(latency_totals or {})
+            self._report = {view.name: view for view in report.members}
+            self.latency_totals = report.latency.as_dict()
             self._changed.notify_all()
-            self._changed.wait_for(lambda: self._version != known_version, timeout=self.poll_s)
-            return self._version, list(self._wanted.values())
+            self._changed.wait_for(lambda: self._version != report.known_version, timeout=self.poll_s)
+            return WantedMembership(self._version, tuple(self._wanted.values()))
 
     # ---- internals ------------------------------------------------------------
     def _change(self, edit) -> None:
@@ -127,10 +101,11 @@ class Membership:
         return True
 
 
-def _entry(worker) -> WantedWorker:
-    return WantedWorker(worker.name, worker.role, worker.actor_id, replace(worker, tp=None))
+def _entry(worker) -> WantedMember:
+    """`worker`: a `cluster.workers.PoolWorker` that serves (its control address learnt)."""
+    return WantedMember(worker.name, worker.role, worker.actor_id, worker.control_address)
 
 
-def _holds(report: dict[str, RouterView], entry: WantedWorker, draining: bool) -> bool:
+def _holds(report: dict[str, MemberView], entry: WantedMember, draining: bool) -> bool:
     view = report.get(entry.name)
     return view is not None and view.incarnation == entry.incarnation and view.draining == draining

@@ -2,17 +2,22 @@
 
     router DEALER ── ControlCall(call_id, "reserve" | "prefill" | "abort" | "load", payload) ──► worker ROUTER
     router DEALER ◄── ControlReply(call_id, payload | error) ── worker (in any order: matched by call_id)
+
+The controller's membership socket speaks the same envelope with one method, "sync" (`wire.membership`).
 """
 
 from __future__ import annotations
 
 from wire.codec import message
+from wire.membership import MembershipReport, WantedMembership
 from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, ReserveRefused, WorkerLoad
 
-# What a call carries: reserve a GenerateRequest, prefill a PrefillTask, abort a request id, load nothing.
-CallPayload = GenerateRequest | PrefillTask | str | None
-# What a reply carries: reserve's answer, load's WorkerLoad, nothing (prefill, abort), or a string.
-ReplyPayload = DecodeReservation | ReserveRefused | WorkerLoad | str | None
+# What a call carries: reserve a GenerateRequest, prefill a PrefillTask, abort a request id, load nothing;
+# to the controller, sync a MembershipReport.
+CallPayload = GenerateRequest | PrefillTask | MembershipReport | str | None
+# What a reply carries: reserve's answer, load's WorkerLoad, nothing (prefill, abort), a string;
+# from the controller, sync's WantedMembership.
+ReplyPayload = DecodeReservation | ReserveRefused | WorkerLoad | WantedMembership | str | None
 
 
 @message

@@ -14,7 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from cluster.heartbeat import Answer
-from cluster.membership import Membership, RouterView
+from cluster.membership import Membership
+from wire.membership import MemberView, MembershipReport
 from wire.requests import WorkerLoad
 
 
@@ -54,6 +55,7 @@ class FakeWorker:
     tp_size: int = 1
     node_id: str = "fake-node-0"
     actor_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    control_address: str = "tcp://127.0.0.1:1"  # nobody listens: nothing here calls it
     quick_deaths: int = 0
     started_at: float = field(default_factory=time.monotonic)
     building: object = None  # called by wait_ready, e.g. a Barrier's wait or an Event's wait
@@ -125,10 +127,11 @@ class EchoRouter(Membership):
         self._thread.start()
 
     def _follow(self) -> None:
-        version, wanted = -1, []
+        version, wanted = -1, ()
         while not self._stopped.is_set():
-            report = {e.name: RouterView(e.incarnation, e.name not in self.dead, e.draining, 0) for e in wanted}
-            version, wanted = self.sync(report, version)
+            views = tuple(MemberView(e.name, e.incarnation, e.name not in self.dead, e.draining, 0) for e in wanted)
+            reply = self.sync(MembershipReport(version, views))
+            version, wanted = reply.version, reply.members
 
     def close(self) -> None:
         self._stopped.set()

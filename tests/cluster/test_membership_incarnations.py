@@ -13,8 +13,7 @@ from tests.cluster.fakes import FakeWorker
 
 
 def _sync(membership: Membership, router: RouterSync) -> None:
-    _, wanted = membership.sync(router.report(), -1)
-    router.apply(wanted)
+    router.apply(membership.sync(router.report()))
 
 
 def _rebuilt(worker: FakeWorker) -> FakeWorker:
@@ -24,7 +23,7 @@ def _rebuilt(worker: FakeWorker) -> FakeWorker:
 
 def test_a_restarted_controller_adopting_the_workers_changes_nothing_in_the_router():
     registry = WorkerRegistry(make_policy("round_robin"))
-    router = RouterSync(registry, controller=None)
+    router = RouterSync(registry)
     workers = [FakeWorker("prefill-0", "prefill"), FakeWorker("decode-0", "decode")]
     first = Membership(poll_s=0.01)
     first.adopt(workers)
@@ -40,7 +39,7 @@ def test_a_restarted_controller_adopting_the_workers_changes_nothing_in_the_rout
 
 def test_a_worker_restarted_under_its_name_is_replaced_in_the_router():
     registry = WorkerRegistry(make_policy("round_robin"))
-    router = RouterSync(registry, controller=None)
+    router = RouterSync(registry)
     old = FakeWorker("decode-0", "decode")
     membership = Membership(poll_s=0.01)
     membership.adopt([old])

@@ -38,7 +38,7 @@ def test_every_channel_registers_its_messages():
     names = {cls.__name__ for cls in MESSAGE_TYPES}
     assert {"Hello", "KVChunk", "GenerateRequest", "TokenDelta", "ControlCall", "ShardOrders", "StepHeader"} <= names
     modules = {cls.__module__ for cls in MESSAGE_TYPES}
-    assert modules == {"wire.kv", "wire.requests", "wire.control", "wire.ranks", "wire.step"}, modules
+    assert modules == {"wire.kv", "wire.requests", "wire.control", "wire.membership", "wire.ranks", "wire.step"}, modules
     assert wire.kv and wire.step  # importing the package registered all of them
 
 
