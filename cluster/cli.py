@@ -108,8 +108,10 @@ def serve(args: argparse.Namespace) -> None:
     _stop_on_signals()  # again: ray.init may install its own
     deployment, gone = None, None
     try:
-        print(f"tandem: {where}; starting {spec.prefill.replicas} prefill + {spec.decode.replicas} decode workers",
-              flush=True)  # fmt: skip
+        from cluster.layout import Machines, choose_layout
+
+        spec, why = choose_layout(spec, Machines.of_ray_cluster())
+        print(f"tandem: {where}; layout: {why}", flush=True)
         deployment = Deployment(spec)
         deployment.start()
         from router.server import tune_gc_for_serving

@@ -1,7 +1,7 @@
 """Serving under load as a user meets it: `tandem serve` with its defaults, driven by vLLM's load generator.
 
 The server is the README's command (`tandem serve`: the default model, an embedded
-local Ray, one prefill and one decode worker, every other setting at its default),
+local Ray, the layout it chooses for the machine and prints, every other setting at its default),
 the client `vllm bench serve` (vLLM's own, through ../shared/tools/vllm-bench) and
 ours (scripts/bench_serving.py), and the peer vLLM's CPU server on the same model,
 one server up at a time. The loads:
@@ -42,8 +42,8 @@ from bench_report import add_markdown_option, machine_line, record_run, run_text
 from cluster_bench.servers import free_port, peer_dtype, vllm_server  # noqa: E402
 
 SERVERS = (
-    "Tandem: `tandem serve` with its defaults (embedded local Ray, 1 prefill + 1 decode worker, one torch thread "
-    "each, dtype auto: {dtype} here, max_model_len 8192, max_num_batched_tokens 2048). vLLM CPU "
+    "Tandem: `tandem serve` with its defaults (embedded local Ray; the layout it chose and printed: {layout}; "
+    "dtype auto: {dtype} here, max_model_len 8192, max_num_batched_tokens 2048). vLLM CPU "
     "(`../shared/tools/peer-vllm`): {dtype}, the same max_model_len and batched-token budget, OpenMP on both "
     "cores. One server up at a time; "
     "clients: `vllm bench serve` (vLLM's own, `../shared/tools/vllm-bench`) and `scripts/bench_serving.py`, "
@@ -137,6 +137,14 @@ def tandem_serve(model: str | None, log_path: Path, start_timeout_s: float = 900
             proc.wait()
 
 
+def chosen_layout(log_path: Path) -> str:
+    """The layout `tandem serve` printed at its start ("tandem: ...; layout: WHY")."""
+    for line in log_path.read_text().splitlines():
+        if line.startswith("tandem: ") and "; layout: " in line:
+            return line.split("; layout: ", 1)[1]
+    return "not printed"
+
+
 def _get(url: str) -> dict | None:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -202,6 +210,7 @@ def main(argv=None) -> None:
     result_dir = Path(tempfile.mkdtemp(prefix="bench-loads-"))
     with tandem_serve(args.model, result_dir / "tandem.log") as url:
         rows = measure("tandem", url, args, result_dir)
+    layout = chosen_layout(result_dir / "tandem.log")
     if args.with_vllm:
         python = subprocess.run([str(PEER_VLLM)], capture_output=True, text=True, check=True).stdout.strip()
         engine = {"max_model_len": 8192, "max_num_batched_tokens": 2048, "max_num_seqs": 256}  # tandem's defaults
@@ -212,7 +221,7 @@ def main(argv=None) -> None:
     print(text)
     print(f"results: {result_dir}")
     if args.markdown:
-        details = SERVERS.format(dtype=peer_dtype()) + "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
+        details = SERVERS.format(layout=layout, dtype=peer_dtype()) + "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
         record = run_text("bench_loads.py", sys.argv[1:], machine_line(), details, text)
         record_run(args.markdown, "bench_loads.py", record)
     lost = [r for r in rows if r["server"] == "tandem" and (r["failed"] or r["restarts"])]

@@ -54,7 +54,10 @@ def machine_line(*versions: str) -> str:
 
 
 def git_commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    """HEAD, and "+ uncommitted changes" when the tracked files differ from it (the run measured those)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return f"{head} + uncommitted changes" if dirty.stdout.strip() else head
 
 
 def run_text(script: str, argv: list[str], machine: str, details: str, table: str) -> str:

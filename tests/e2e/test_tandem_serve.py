@@ -1,6 +1,7 @@
 """`tandem serve` as a user runs it: a subprocess with an embedded local Ray, a tiny model, a free port.
 
-It answers the official `openai` client with transformers' greedy text, and
+It chooses its layout for the machine (one colocated worker on every core, no GPU
+here), answers the official `openai` client with transformers' greedy text, and
 SIGINT ends it with status 0 and takes every process it started (Ray's
 included) down with it. When its Ray cluster is killed under it, it says so and
 exits with status 1 instead of serving nothing forever.
@@ -92,6 +93,7 @@ def test_serve_answers_openai_then_sigint_stops_everything(tiny_model_dirs, tmp_
     finally:
         output = _output(proc, log)
     assert "serving tiny at" in output and "tandem: stopped" in output, output
+    assert "layout: 1 worker that prefills and decodes on all" in output, output  # one machine, no GPU
     assert not _all_ended(started), "still running after tandem serve ended"
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may linger in TIME_WAIT
