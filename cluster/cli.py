@@ -44,6 +44,7 @@ _FLAG_FIELDS = {
     "served_model_name": "router.served_model_name",
     "api_key": "router.api_key",
     "max_request_body_bytes": "router.max_request_body_bytes",
+    "max_predicted_ttft_s": "router.max_predicted_ttft_s",
     "num_prefill": "prefill.replicas",
     "num_decode": "decode.replicas",
     "kv_transfer_failure": "kv_transfer_failure",
@@ -76,6 +77,8 @@ def _serve_parser(sub) -> None:
                    help="a failed KV transfer: decode prefills the prompt itself (default) or the request fails")
     _api_key_flag(p, "required on /v1/* and /admin/* as `Authorization: Bearer KEY`")
     p.add_argument("--max-request-body-bytes", type=int, help="larger HTTP bodies get 413 (default 8 MiB)")
+    p.add_argument("--max-predicted-ttft-s", type=float,
+                   help="refuse (429, Retry-After) a request whose first token is predicted later (default 60; 0: off)")
 
 
 def _api_key_flag(parser, what: str) -> None:

@@ -63,6 +63,7 @@ def router_config(spec: ClusterSpec):
         routing_options=(("block_size", spec.engine.block_size),) if r.routing_policy == "cache_aware" else (),
         colocated=spec.prefill.replicas == 0,
         max_in_flight=r.max_in_flight,
+        max_predicted_ttft_s=r.max_predicted_ttft_s,
         api_key=r.api_key or None,
         max_request_body_bytes=r.max_request_body_bytes,
         # The router's load() polls are heartbeats too, judged by the controller's rules: one poll

@@ -81,6 +81,7 @@ class RouterSpec(_Strict):
     routing_policy: str = "cache_aware"
     served_model_name: str = ""
     max_in_flight: int = Field(256, ge=1)
+    max_predicted_ttft_s: float = Field(60.0, ge=0)  # 429 for a request predicted to wait longer (0: off)
     api_key: str = Field("", repr=False)  # "": the API is open; else /v1/* and /admin/* need it as a Bearer token
     max_request_body_bytes: int = Field(8 << 20, ge=1)
 

@@ -172,10 +172,11 @@ class DecodeWorker(RequestTable):
                 self.on(record.request_id, Event.ACK_TIMEOUT, self._ack_timeout_reason(record))
 
     def snapshot(self) -> LoopSnapshot:
-        kv, sched = self.engine.kv_cache, self.engine.scheduler
+        kv, sched, meter = self.engine.kv_cache, self.engine.scheduler, self.engine.prefill_meter
         awaiting = sum(r.phase in (Phase.EXPECTING_SHARDS, Phase.AWAITING_KV) for r in self.records.values())
         load = WorkerLoad(self.config.name, len(sched.waiting) + len(sched.waiting_for_kv), len(sched.running),
-                          awaiting, kv.num_free_blocks, kv.pool.num_blocks, kv.pool.hit_rate)  # fmt: skip
+                          awaiting, kv.num_free_blocks, kv.pool.num_blocks, kv.pool.hit_rate,
+                          prompt_tokens_advanced=meter.tokens, prompt_seconds=meter.seconds)  # fmt: skip
         idle = not self.records and not self.engine.requests
         return LoopSnapshot(load, idle, kv.num_free_blocks == kv.pool.num_blocks)
 

@@ -14,6 +14,7 @@ which aborts a request here when one of its stop strings matched.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
@@ -25,6 +26,7 @@ from engine.model_input import build_model_input
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.parallel.config import ParallelConfig
+from engine.prefill_meter import PrefillMeter, prompt_tokens_advanced
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -130,6 +132,7 @@ class LLMEngine:
         # A request must fit the pool on its own, or preemption could never make room for it.
         self.max_model_len = min(config.scheduler.max_model_len, self.runner.num_blocks * block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache)
+        self.prefill_meter = PrefillMeter()  # its prompt rate, for the router's TTFT prediction
         self.requests: dict[str, Request] = {}
         self._prompts: dict[str, str | None] = {}
         # A worker's seam into the cache (engine.kv_connector): called before each forward and after each layer.
@@ -197,9 +200,11 @@ class LLMEngine:
     # ---- stepping -------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one forward over the scheduled tokens; return outputs of requests that advanced."""
+        started = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        advanced = prompt_tokens_advanced(sched)
         connector = self.kv_connector
         try:
             attachment = connector.before_forward(sched) if connector is not None else b""
@@ -212,7 +217,9 @@ class LLMEngine:
             for request_id in failed:
                 self.abort_request(request_id)
             raise EngineStepError(failed, err) from err
-        return self._update(sched, sampled)
+        outputs = self._update(sched, sampled)
+        self.prefill_meter.record(advanced, time.perf_counter() - started)
+        return outputs
 
     def _update(self, sched: SchedulerOutput, sampled) -> list[RequestOutput]:
         outputs, k = [], 0

@@ -151,10 +151,11 @@ class PrefillWorker(RequestTable):
                      f"rank(s) {sorted(record.holders)} did not let go of it within {self.config.rank_ack_timeout_s}s")
 
     def snapshot(self) -> LoopSnapshot:
-        kv, sched = self.engine.kv_cache, self.engine.scheduler
+        kv, sched, meter = self.engine.kv_cache, self.engine.scheduler, self.engine.prefill_meter
         sending = sum(r.phase is not Phase.QUEUED for r in self.records.values())
         load = WorkerLoad(self.config.name, len(sched.waiting), len(sched.running), sending,
-                          kv.num_free_blocks, kv.pool.num_blocks, kv.pool.hit_rate)  # fmt: skip
+                          kv.num_free_blocks, kv.pool.num_blocks, kv.pool.hit_rate,
+                          prompt_tokens_advanced=meter.tokens, prompt_seconds=meter.seconds)  # fmt: skip
         return LoopSnapshot(load, not self.records, kv.num_free_blocks == kv.pool.num_blocks)
 
     def close(self) -> None:

@@ -74,7 +74,8 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
     stream = TokenStreamConsumer(config.stream_address, config.cluster_key)
     metrics = RouterMetrics(registry)
     dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff, config.max_resumes,
-                            config.local_prefill, metrics.local_prefill_started)  # fmt: skip
+                            config.local_prefill, metrics.local_prefill_started,
+                            config.max_predicted_ttft_s)  # fmt: skip
     admission = Admission(config.max_in_flight, config.retry_after_s)
     metrics.in_flight.set_function(lambda: admission.in_use)
     runner = RequestRunner(dispatcher, ServedModel(config), admission, metrics)

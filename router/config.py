@@ -22,6 +22,9 @@ class RouterConfig:
     colocated: bool = False  # True: decode workers prefill themselves; no prefill pool is needed
     max_in_flight: int = 256  # admitted sequences (a request with n=4 counts 4); beyond: 429
     retry_after_s: int = 1  # the Retry-After a 429 carries
+    # A new request whose first token is predicted later than this is refused at once with 429 and a
+    # Retry-After (router.ttft_prediction) rather than queued; shorter than the watchdog below (0: off).
+    max_predicted_ttft_s: float = 60.0
     load_refresh_s: float = 0.5  # how often every worker's `load()` is read
     worker_call_timeout_s: float = 10.0  # a load() slower than this is a missed heartbeat (see `liveness`)
     liveness: LivenessPolicy = field(default_factory=LivenessPolicy)  # when a worker that stops answering is dead

@@ -18,7 +18,8 @@
                           resumed on live workers, up to `max_resumes` times; with no live decode worker
                           left its stream fails (a clear error, never a hang)
 
-Ownership: the dispatcher owns the `in_flight` counts it adds and gives each back
+Ownership: the dispatcher owns the `in_flight` counts and the `prompt_tokens_queued` charges
+(`router.ttft_prediction`: from the handoff to the first token) it adds, and gives each back
 exactly once; a worker's blocks are the worker's, freed by the abort it is sent.
 """
 
@@ -38,6 +39,7 @@ from router.local_prefill import LocalPrefillRule, choose_prefill
 from router.migration import resumed_request
 from router.registry import WorkerFailed, WorkerRegistry
 from router.token_stream import OutputChunk, RequestOutputs, StreamFailed, TokenStreamConsumer
+from router.ttft_prediction import check_ttft
 from router.worker_state import WorkerState
 
 logger = logging.getLogger("tandem.router")
@@ -62,12 +64,15 @@ class Generation:
     request_id: str = ""  # the current attempt's id (the workers know the request by it)
     attempt: int = 0  # 0: the first; n: resumed n times
     resuming: asyncio.Task | None = None
+    prompt_charge: tuple[WorkerState, int] | None = None  # (worker computing its prompt, tokens) until first token
 
     def __post_init__(self):
         self.request_id = self.request_id or self.request.request_id
 
     async def chunks(self) -> AsyncIterator[OutputChunk]:
         async for chunk in self.outputs.chunks():
+            if chunk.token_ids:
+                self.dispatcher._settle_prompt(self)
             if self.outputs.attempt_tokens > 1:  # decode made a token: the prompt's KV landed there
                 self.dispatcher._end_prefill_part(self)
             if chunk.final is not None:
@@ -84,8 +89,10 @@ class Dispatcher:
     def __init__(self, registry: WorkerRegistry, stream: TokenStreamConsumer, colocated: bool = False,
                  timeouts: HandoffTimeouts = HandoffTimeouts(), max_resumes: int = 3,
                  local_prefill: LocalPrefillRule = LocalPrefillRule(),
-                 on_local_prefill: Callable[[str], None] = lambda reason: None):  # fmt: skip
+                 on_local_prefill: Callable[[str], None] = lambda reason: None,
+                 ttft_deadline_s: float = 0.0):  # fmt: skip
         self.registry, self.stream = registry, stream
+        self.ttft_deadline_s = ttft_deadline_s  # refuse a new prompt predicted to wait longer (0: never)
         self.colocated, self.timeouts, self.max_resumes = colocated, timeouts, max_resumes
         self.local_prefill = local_prefill
         self.on_local_prefill = on_local_prefill  # told why, each time decode prefills for want of prefill
@@ -96,10 +103,13 @@ class Dispatcher:
         registry.on_dead(self._fail_requests_of)
 
     async def start(self, prompt_ids: Sequence[int], sampling: SamplingSpec) -> Generation:
-        """Route and hand off; raises `NoLiveWorker`, `HandoffError`, `StreamFailed` or ValueError (nothing held).
+        """Route and hand off; raises `FirstTokenTooLate`, `NoLiveWorker`, `HandoffError`, `StreamFailed` or
+        ValueError (nothing held).
 
         A worker that fails under the handoff is suspect and the request goes to other workers; `StreamFailed`
-        when that cannot be done."""
+        when that cannot be done. The TTFT check and the prompt's charge happen with no await between them,
+        so requests arriving together each see the ones before them."""
+        check_ttft(self.prompt_workers(), len(prompt_ids), self.ttft_deadline_s)
         decode, prefill = self._route(prompt_ids)
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         request = GenerateRequest(request_id, tuple(prompt_ids), sampling, self.stream.address)
@@ -142,6 +152,7 @@ class Dispatcher:
         gen.decode.in_flight += 1
         if gen.prefill is not None:
             gen.prefill.in_flight += 1
+        self._charge_prompt(gen, gen.prefill or gen.decode, len(request.prompt_token_ids))
         try:
             reservation = await start_request(
                 request, gen.decode.endpoint, gen.prefill.endpoint if gen.prefill else None, self.timeouts
@@ -151,6 +162,25 @@ class Dispatcher:
             raise
         if reservation.prefill_locally:
             self._end_prefill_part(gen)
+            self._charge_prompt(gen, gen.decode, len(request.prompt_token_ids))
+
+    def prompt_workers(self) -> list[WorkerState]:
+        """The workers a new prompt may be computed on: the prefill pool, or decode when none (colocated)."""
+        prefill = [] if self.colocated else self.registry.pickable("prefill")
+        return prefill or self.registry.pickable("decode")
+
+    def _charge_prompt(self, gen: Generation, worker: WorkerState, tokens: int) -> None:
+        self._settle_prompt(gen)
+        worker.prompt_tokens_queued += tokens
+        gen.prompt_charge = (worker, tokens)
+
+    @staticmethod
+    def _settle_prompt(gen: Generation) -> None:
+        """Its prompt is computed (its first token came) or given up: the charge goes back, once."""
+        if gen.prompt_charge is not None:
+            worker, tokens = gen.prompt_charge
+            worker.prompt_tokens_queued -= tokens
+            gen.prompt_charge = None
 
     def _end_prefill_part(self, gen: Generation) -> None:
         if gen.prefill is not None:
@@ -159,6 +189,7 @@ class Dispatcher:
 
     def _end_decode_part(self, gen: Generation) -> None:
         self._end_prefill_part(gen)  # a final delta means prefill's part is long over
+        self._settle_prompt(gen)
         if not gen.closed:
             gen.decode.in_flight -= 1
             gen.closed = True

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from router.handoff import HandoffError
 from router.registry import NoLiveWorker, WorkerFailed
 from router.token_stream import StreamFailed
+from router.ttft_prediction import FirstTokenTooLate
 
 logger = logging.getLogger("tandem.router")
 
@@ -59,6 +60,8 @@ def from_dispatch(err: Exception) -> APIError:
     """The HTTP form of what `Dispatcher.start` or a generation raised."""
     if isinstance(err, APIError):
         return err
+    if isinstance(err, FirstTokenTooLate):
+        return APIError(429, str(err), code="too_many_requests", headers={"Retry-After": str(err.retry_after_s)})
     if isinstance(err, NoLiveWorker):
         return APIError(503, str(err), code="no_live_worker")
     if isinstance(err, HandoffError):

@@ -203,6 +203,7 @@ class WorkerRegistry:
             verdict = worker.liveness.missed(reason, refused=getattr(result, "refused", False))
         else:
             worker.load, worker.suspect = result, False
+            worker.prompt_rate.observe(result)
             verdict = worker.liveness.answered(result)
         if verdict is not None:
             self.mark_dead(worker.name, verdict)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from router.ttft_prediction import PromptRate
 from wire.liveness import Liveness
 from wire.requests import WorkerLoad
 
@@ -35,6 +36,10 @@ class WorkerState:
     draining: bool = False  # finishing what it holds; gets no new requests (the cluster removes it next)
     suspect: bool = False  # a call to it failed since its last answered heartbeat
     liveness: Liveness = field(default_factory=Liveness)  # its heartbeat record (the registry's policy)
+    # Prompt tokens the dispatcher sent it to compute whose first token has not come (router.ttft_prediction),
+    # and its measured prompt rate (from its load reports).
+    prompt_tokens_queued: int = 0
+    prompt_rate: PromptRate = field(default_factory=PromptRate)
 
     @property
     def pending(self) -> int:

@@ -138,3 +138,7 @@ class WorkerLoad:
     step_running_s: float = 0.0
     longest_step_s: float = 0.0
     failed_steps_in_a_row: int = 0
+    # Its prompt rate (`engine.prefill_meter`), cumulative since start: prompt tokens its steps advanced
+    # and the wall time of those steps. The router predicts time to first token from them.
+    prompt_tokens_advanced: int = 0
+    prompt_seconds: float = 0.0

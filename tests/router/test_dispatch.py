@@ -22,6 +22,7 @@ from router.dispatch import Dispatcher
 from router.policy import make_policy
 from router.registry import NoLiveWorker, WorkerRegistry
 from router.token_stream import TokenStreamConsumer
+from router.ttft_prediction import FirstTokenTooLate
 from tests.conftest import hf_greedy
 from tests.e2e.harness import PROMPTS, wait_for
 
@@ -88,8 +89,30 @@ def test_concurrent_requests_match_transformers_and_give_back_their_load(actors,
         assert tokens == hf_greedy(tiny_model_dirs["llama"], prompt, 8)
         assert (final.finish_reason, final.num_prompt_tokens, final.num_output_tokens) == ("length", len(prompt), 8)
     assert [w.in_flight for w in registry.workers.values()] == [0, 0]
+    assert [w.prompt_tokens_queued for w in registry.workers.values()] == [0, 0]  # every charge given back
     assert registry.workers["decode-0"].load.total_blocks == 48
     wait_for(lambda: _all_free(*actors), "both pools to be free")
+
+
+def test_a_prompt_predicted_to_start_too_late_is_refused_holding_nothing(actors):
+    """The prefill worker's measured rate and the prompts charged to it predict TTFT; beyond the deadline
+    `start` raises before anything is sent."""
+
+    async def main():
+        async with _dispatcher(*actors) as (dispatcher, registry):
+            await _run(dispatcher, PROMPTS["long"])
+            await registry.refresh_loads(10.0)
+            assert registry.workers["prefill-0"].prompt_rate.tokens_per_s > 0  # measured by the worker itself
+            dispatcher.ttft_deadline_s = 1e-9
+            with pytest.raises(FirstTokenTooLate):
+                await dispatcher.start(PROMPTS["long"], GREEDY)
+            held = [(w.in_flight, w.prompt_tokens_queued) for w in registry.workers.values()]
+            dispatcher.ttft_deadline_s = 3600.0
+            tokens, _ = await _run(dispatcher, PROMPTS["long"])
+            return held, tokens
+
+    held, tokens = asyncio.run(main())
+    assert held == [(0, 0), (0, 0)] and len(tokens) == 8
 
 
 def test_closing_an_unfinished_generation_aborts_it_on_both_workers(actors):
