@@ -49,7 +49,7 @@ def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = S
     model.tie_weights()  # to_empty() gives each parameter its own storage
     _rebuild_rotary_tables(model, config)
     load_weights(model, config.model_dir, show_progress=show_progress)
-    model.prepare(layer_ops(config.device, config.dtype, model.linear_shapes()))
+    model.prepare(layer_ops(config.device, config.dtype, model.linear_shapes(), model.op_shapes()))
     logger.info(
         "loaded %s from %s in %.1fs (%s layer ops)",
         config.model.architecture, config.model_dir, time.perf_counter() - start, model.ops.name,

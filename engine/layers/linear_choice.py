@@ -88,8 +88,9 @@ def median_time(fn: Callable[[], object], repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
-def cached_choice(key_parts: Sequence[str], compute: Callable[[], tuple[str, ...]]) -> tuple[str, ...]:
-    """`compute()` once per machine and key; later starts read the answer from the cache.
+def cached_choice(key_parts: Sequence[str], compute: Callable[[], tuple[str, ...]], what: str = "linear kernels",
+                  describe_choice: Callable[[Sequence[str]], str] | None = None) -> tuple[str, ...]:  # fmt: skip
+    """`compute()` once per machine and key (a name per band); later starts read the answer from the cache.
 
     Workers starting together on one machine time one after another (a file lock), not at once on
     shared cores: the first times, the others read its answer."""
@@ -103,7 +104,7 @@ def cached_choice(key_parts: Sequence[str], compute: Callable[[], tuple[str, ...
         return compute()
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _read(path) or _compute_and_write(path, key_parts, compute)
+        return _read(path) or _compute_and_write(path, key_parts, compute, what, describe_choice or describe)
 
 
 def _read(path: Path) -> tuple[str, ...] | None:
@@ -114,10 +115,11 @@ def _read(path: Path) -> tuple[str, ...] | None:
         return None
 
 
-def _compute_and_write(path: Path, key_parts: Sequence[str], compute: Callable[[], tuple[str, ...]]) -> tuple:
+def _compute_and_write(path: Path, key_parts: Sequence[str], compute: Callable[[], tuple[str, ...]], what: str,
+                       describe_choice: Callable[[Sequence[str]], str]) -> tuple:  # fmt: skip
     start = time.perf_counter()
     choice = compute()
-    logger.info("linear kernels timed on this machine in %.1fs: %s", time.perf_counter() - start, describe(choice))
+    logger.info("%s timed on this machine in %.1fs: %s", what, time.perf_counter() - start, describe_choice(choice))
     try:
         path.write_text(json.dumps({"key": list(key_parts), "bands": [b[:2] for b in BANDS], "choice": choice}))
     except OSError as err:  # a read-only home: time again next start

@@ -1,11 +1,12 @@
 """The decoder layer's elementwise ops and its linear layer, PyTorch or native.
 
-`layer_ops(device, dtype, linear_shapes)` picks the implementation once at model
-load: the native CPU kernels (engine/native) when they are built and the dtype is
-float32 or bfloat16, else plain PyTorch, which is also the reference the native
-ops are tested against. Both follow the arithmetic of the Hugging Face modules.
-Which linear kernel runs each row count is chosen by timing them on this machine
-(engine.layers.linear_choice).
+`layer_ops(device, dtype, linear_shapes, op_shapes)` picks the implementation once
+at model load: the native CPU kernels (engine/native) when they are built and the
+dtype is float32 or bfloat16, else plain PyTorch, which is also the reference the
+native ops are tested against. Both follow the arithmetic of the Hugging Face
+modules. Which linear kernel runs each row count is chosen by timing them on this
+machine (engine.layers.linear_choice), and so is each elementwise op, native or
+PyTorch (engine.layers.elementwise_choice).
 
 A linear weight goes through `prepare_weight` once after loading, and
 `linear(x, prepared, bias)` takes what it returned: the weight itself, a
@@ -21,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_features import cpu_features
+from engine.layers import elementwise_choice
+from engine.layers.elementwise_choice import OpShapes
 from engine.layers.linear_choice import Candidate, band_of, cached_choice, choose, describe
 from engine.native import load_cpu_kernels
 
@@ -121,8 +124,7 @@ def chosen_linear(kernels, dtype: torch.dtype, shapes: Sequence[tuple[int, int]]
     candidates = {c.name: c for c in linear_candidates(kernels, dtype)}
     pack, _ = make_packed_linear(kernels)
     makers = {"dense": lambda w: w, "packed": pack}
-    key = [cpu_features().signature(), f"threads {torch.get_num_threads()}", str(dtype), f"torch {torch.__version__}",
-           kernels.__name__, " ".join(sorted(candidates)), repr(sorted(set(shapes)))]  # fmt: skip
+    key = [*_machine_key(kernels, dtype), " ".join(sorted(candidates)), repr(sorted(set(shapes)))]
     if choice is None:
         choice = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(shapes)), dtype, makers))
     by_band = [candidates[name] for name in choice]
@@ -154,24 +156,56 @@ class LayerOps:
 TORCH_OPS = LayerOps(torch_rms_norm, torch_add_rms_norm, torch_rotary, torch_silu_and_mul, F.linear, "torch")
 
 
-def native_ops(kernels, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]],
-               linear_choice: Sequence[str] | None = None) -> LayerOps:  # fmt: skip
-    """The native elementwise ops, and for each band of row counts the linear kernel fastest here on
-    `linear_shapes` (the model's [out, in] weights), or the one `linear_choice` names."""
+def _machine_key(kernels, dtype: torch.dtype) -> list[str]:
+    """What a timed choice depends on besides the shapes: the CPU, threads, dtype, torch and our kernels."""
+    return [cpu_features().signature(), f"threads {torch.get_num_threads()}", str(dtype), f"torch {torch.__version__}",
+            kernels.__name__]  # fmt: skip
 
+
+TORCH_ELEMENTWISE = {"rms_norm": torch_rms_norm, "add_rms_norm": torch_add_rms_norm, "rotary": torch_rotary,
+                     "silu_and_mul": torch_silu_and_mul}  # fmt: skip
+
+
+def native_elementwise(kernels) -> dict[str, Callable]:
     def add_rms_norm(x, residual, weight, eps):
         return kernels.add_rms_norm(x, residual, weight, eps), residual  # residual updated in place
 
     def rotary(x, num_heads, cos, signed_sin):
         return kernels.rotary_(x, num_heads, cos, signed_sin)[:, :num_heads]
 
-    elementwise = (kernels.rms_norm, add_rms_norm, rotary, kernels.silu_and_mul)
+    return {"rms_norm": kernels.rms_norm, "add_rms_norm": add_rms_norm, "rotary": rotary,
+            "silu_and_mul": kernels.silu_and_mul}  # fmt: skip
+
+
+def chosen_elementwise(kernels, dtype: torch.dtype, shapes: OpShapes | None,
+                       choice: Sequence[str] | None = None) -> tuple[dict[str, Callable], str]:  # fmt: skip
+    """(op -> function, description): per band of row counts, native or torch, whichever was timed faster
+    on `shapes` (or `choice` as given; no shapes and no choice: native throughout)."""
+    impls = {"native": native_elementwise(kernels), "torch": TORCH_ELEMENTWISE}
+    if choice is None and shapes is None:
+        return impls["native"], "native"
+    if choice is None:
+        key = [*_machine_key(kernels, dtype), "elementwise", repr(shapes)]
+        choice = cached_choice(key, lambda: elementwise_choice.choose_elementwise(impls, shapes, dtype),
+                               "elementwise ops", elementwise_choice.describe)  # fmt: skip
+    return elementwise_choice.dispatched(impls, choice), elementwise_choice.describe(choice)
+
+
+def native_ops(kernels, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]],
+               linear_choice: Sequence[str] | None = None, op_shapes: OpShapes | None = None,
+               elementwise: Sequence[str] | None = None) -> LayerOps:  # fmt: skip
+    """The native kernels where they are faster here: for each band of row counts the linear kernel timed
+    fastest on `linear_shapes` (the model's [out, in] weights), or the one `linear_choice` names, and each
+    elementwise op native or torch as timed on `op_shapes` (or as `elementwise` names)."""
+    ops, ops_chosen = chosen_elementwise(kernels, dtype, op_shapes, elementwise)
     linear, prepare, chosen = chosen_linear(kernels, dtype, linear_shapes, linear_choice)
-    return LayerOps(*elementwise, linear, f"native; linears by rows: {chosen}", prepare)
+    return LayerOps(ops["rms_norm"], ops["add_rms_norm"], ops["rotary"], ops["silu_and_mul"], linear,
+                    f"native; linears by rows: {chosen}; elementwise by rows: {ops_chosen}", prepare)  # fmt: skip
 
 
-def layer_ops(device: str, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]] = ()) -> LayerOps:
+def layer_ops(device: str, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]] = (),
+              op_shapes: OpShapes | None = None) -> LayerOps:  # fmt: skip
     if device != "cpu":
         return TORCH_OPS
     kernels = load_cpu_kernels() if dtype in (torch.float32, torch.bfloat16) and linear_shapes else None
-    return TORCH_OPS if kernels is None else native_ops(kernels, dtype, linear_shapes)
+    return TORCH_OPS if kernels is None else native_ops(kernels, dtype, linear_shapes, op_shapes=op_shapes)

@@ -21,6 +21,7 @@ from engine.attention import AttentionMetadata
 from engine.config import ModelConfig
 from engine.layers.linear import ColumnParallelLinear, PreparedLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
+from engine.layers.elementwise_choice import OpShapes
 from engine.layers.ops import TORCH_OPS, LayerOps
 from engine.layers.rotary import RotaryEmbedding
 from engine.parallel.group import SINGLE, TPGroup
@@ -134,6 +135,12 @@ class DecoderForCausalLM(nn.Module):
     def linear_shapes(self) -> list[tuple[int, int]]:
         """The [out, in] shape of every linear weight the layers hold (the kernels are chosen on these)."""
         return sorted({tuple(m.weight.shape) for m in self.modules() if isinstance(m, PreparedLinear)})
+
+    def op_shapes(self) -> OpShapes:
+        """What this rank's elementwise ops work on (their implementations are chosen on these)."""
+        attention, mlp = self.layers[0].self_attn, self.layers[0].mlp
+        heads = attention.num_heads + attention.num_kv_heads
+        return OpShapes(self.config.hidden_size, mlp.down_proj.weight.shape[1], heads, attention.head_dim)
 
     def prepare(self, ops: LayerOps) -> None:
         """After loading: use `ops` and put every linear weight in the form its `linear` takes.
