@@ -11,14 +11,16 @@ the worker's torch threads, and keeps the fastest per band:
     candidates (by dtype)            the weight they read
     packed   native packed kernel    PackedWeight (float32 only)
     dense    F.linear (BLAS/oneDNN)  the [out, in] weight
+    onednn   oneDNN, prepacked       oneDNN's blocked copy, made once (where this torch build has it)
     mv       torch.mv                the [out, in] weight (one row only)
     few      native few-rows kernel  the [out, in] weight (up to 16 rows)
 
 The choice is cached (`~/.cache/tandem/kernel-choice/`, or $TANDEM_CACHE_DIR),
 keyed by the CPU model and instruction set, the threads, the dtype, the shapes
 and the native kernels' source version, and logged. A weight is kept in every
-form some band's choice reads: one form when every band agrees, both (the
-packed and the dense copy) when they do not.
+form some band's choice reads: one form when every band agrees, each of them
+when they do not. On an AVX512-BF16 EPYC the prepacked oneDNN linear was
+1.2-2.6x faster than F.linear, which lays the weight out anew on every call.
 """
 
 from __future__ import annotations

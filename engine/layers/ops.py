@@ -11,8 +11,8 @@ PyTorch (engine.layers.elementwise_choice).
 A linear weight goes through `prepare_weight` once after loading, and
 `linear(x, prepared, bias)` takes what it returned: the weight itself, a
 `PackedWeight` for the native float32 packed kernel (see
-engine/native/csrc/packed_linear.cpp), or both forms (`LinearForms`) when the
-bands chose kernels that read each.
+engine/native/csrc/packed_linear.cpp), oneDNN's prepacked (blocked) copy, or
+every form some band's kernel reads (`LinearForms`).
 """
 
 from dataclasses import dataclass
@@ -84,18 +84,38 @@ def make_packed_linear(kernels) -> tuple[Callable[[Tensor], PackedWeight], Calla
 def dense_weight(weight, kernels=None) -> Tensor:
     """The [out, in] matrix of a prepared weight (for checks; packing is exact, so this is the checkpoint)."""
     if isinstance(weight, LinearForms):
-        return weight.dense
+        return weight.forms["dense"] if "dense" in weight.forms else dense_weight(next(iter(weight.forms.values())))
     if isinstance(weight, PackedWeight):
         return (kernels or load_cpu_kernels()).unpack_linear_weight(weight.data, weight.out_features)
-    return weight
+    return weight.to_dense() if weight.is_mkldnn else weight
 
 
 @dataclass(frozen=True)
 class LinearForms:
-    """A weight kept in both forms, when the row-count bands chose kernels that read different ones."""
+    """A weight kept in every form the row-count bands' kernels read (form name -> that form)."""
 
-    packed: PackedWeight
-    dense: Tensor
+    forms: dict[str, object]
+
+
+def onednn_weight(weight: Tensor) -> Tensor:
+    """oneDNN's blocked copy of a [out, in] weight, laid out once for its matmul (an mkldnn tensor)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias on oneDNN's prepacked weight: no per-call reorder of the weight (bfloat16: the
+    same bits as F.linear, which reorders it on every call)."""
+    return torch.ops.mkldnn._linear_pointwise(x if x.stride(-1) == 1 else x.contiguous(), weight, bias, "none", [], "")
+
+
+def onednn_works(dtype: torch.dtype) -> bool:
+    """Whether this torch build runs oneDNN's prepacked linear in `dtype` on this CPU."""
+    try:
+        weight = torch.ones(8, 16, dtype=dtype)
+        out = onednn_linear(torch.ones(2, 16, dtype=dtype), onednn_weight(weight))
+        return bool((out == 16).all())
+    except (RuntimeError, AttributeError):
+        return False
 
 
 def _mv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -114,6 +134,8 @@ def linear_candidates(kernels, dtype: torch.dtype) -> list[Candidate]:
     if dtype == torch.float32:
         _, packed = make_packed_linear(kernels)
         candidates.append(Candidate("packed", "packed", packed))
+    if onednn_works(dtype):
+        candidates.append(Candidate("onednn", "onednn", onednn_linear))
     return candidates
 
 
@@ -123,21 +145,21 @@ def chosen_linear(kernels, dtype: torch.dtype, shapes: Sequence[tuple[int, int]]
     shapes (or `choice`, a candidate name per band, as given: tests)."""
     candidates = {c.name: c for c in linear_candidates(kernels, dtype)}
     pack, _ = make_packed_linear(kernels)
-    makers = {"dense": lambda w: w, "packed": pack}
+    makers = {"dense": lambda w: w, "packed": pack, "onednn": onednn_weight}
     key = [*_machine_key(kernels, dtype), " ".join(sorted(candidates)), repr(sorted(set(shapes)))]
     if choice is None:
         choice = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(shapes)), dtype, makers))
     by_band = [candidates[name] for name in choice]
-    forms = {c.form for c in by_band}
+    forms = sorted({c.form for c in by_band})
 
     def prepare(weight: Tensor):
-        if forms == {"dense"}:
-            return weight
-        return pack(weight) if forms == {"packed"} else LinearForms(pack(weight), weight)
+        if len(forms) == 1:
+            return makers[forms[0]](weight)
+        return LinearForms({form: makers[form](weight) for form in forms})
 
     def linear(x: Tensor, weight, bias: Tensor | None = None) -> Tensor:
         kernel = by_band[band_of(x.shape[0])]
-        return kernel.run(x, getattr(weight, kernel.form) if isinstance(weight, LinearForms) else weight, bias)
+        return kernel.run(x, weight.forms[kernel.form] if isinstance(weight, LinearForms) else weight, bias)
 
     return linear, prepare, describe(choice)
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.layers.linear import ColumnParallelLinear
-from engine.layers.ops import TORCH_OPS, LinearForms, PackedWeight, native_ops
+from engine.layers.ops import TORCH_OPS, LinearForms, PackedWeight, native_ops, onednn_works
 from engine.native import load_cpu_kernels
 from engine.parallel.shard import Slice
 
@@ -40,3 +40,25 @@ def test_packing_replaces_the_parameter_and_a_mixed_choice_keeps_both_forms():
         assert (layer.weight is None) == (form is not torch.Tensor)  # one dense copy at most, wherever it is
         assert torch.equal(layer.dense_weight(), weight)
         torch.testing.assert_close(layer.project(ops, x), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_onednn_prepacked_weights_serve_their_bands_beside_the_other_forms(dtype):
+    kernels = load_cpu_kernels()
+    if kernels is None or not onednn_works(dtype):
+        pytest.skip("native CPU kernels or oneDNN's prepacked linear are not available here")
+    weight = torch.randn(40, 24).to(dtype)
+    mixed = ("mv", "few", "onednn", "onednn", "dense", "onednn")
+    for choice, forms in ((("onednn",) * 6, None), (mixed, {"dense", "onednn"})):
+        ops = native_ops(kernels, dtype, [(40, 24)], choice)
+        layer = _linear(weight).to(dtype)
+        layer.prepare(ops)
+        if forms is None:
+            assert layer.kernel_weight.is_mkldnn and layer.weight is None  # oneDNN's copy replaces the parameter
+        else:
+            assert isinstance(layer.kernel_weight, LinearForms) and set(layer.kernel_weight.forms) == forms
+        assert torch.equal(layer.dense_weight(), weight)
+        for rows in (1, 3, 20, 300):  # a band of each kernel
+            x = torch.randn(rows, 24).to(dtype)
+            tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(layer.project(ops, x), F.linear(x, weight), **tol)
