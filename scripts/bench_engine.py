@@ -71,15 +71,15 @@ def measure_copy_bandwidth(mib: int = 256, reps: int = 10) -> dict:
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the checkpoint's weights, each storage once (tied embedding/lm_head count once).
 
-    A linear whose weight the native kernels packed (and dropped as a parameter)
-    counts its [out, in] matrix, not the packing's zero padding."""
+    A linear whose weight a kernel prepared in its own layout (and dropped as a parameter) counts its
+    [out, in] matrix, not the layout's padding."""
     seen: dict[int, int] = {}
     for p in model.parameters():
         seen[p.data_ptr()] = p.numel() * p.element_size()
     for module in model.modules():
-        packed = getattr(module, "kernel_weight", None)
-        if getattr(module, "weight", True) is None and packed is not None:
-            seen[packed.data.data_ptr()] = packed.out_features * packed.data.shape[1] * packed.data.element_size()
+        if getattr(module, "weight", True) is None and getattr(module, "kernel_weight", None) is not None:
+            dense = module.dense_weight()
+            seen[id(module)] = dense.numel() * dense.element_size()
     return sum(seen.values())
 
 
