@@ -11,6 +11,7 @@
 //   write_kv_cache cache[slot] = row for every slot >= 0
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,8 +22,9 @@ namespace {
 
 constexpr int64_t kMaxRow = 8192;  // widest hidden size a row buffer holds
 constexpr int64_t kMaxHeadDim = 256;
-constexpr int64_t kTokensPerTask = 16;
+constexpr int64_t kElementsPerTask = 16384;  // below this a row block is not worth a second thread
 
+using tandem::from_float;
 using tandem::round_as;
 using tandem::to_float;
 
@@ -38,7 +40,7 @@ void norm_row(const T* x, const T* w, float eps, T* out, int64_t dim) {
   // In double so -ffast-math cannot swap in the approximate rsqrt instruction.
   const float r = static_cast<float>(1.0 / std::sqrt(static_cast<double>(sum / dim + eps)));
 #pragma omp simd
-  for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<T>(to_float(w[d]) * round_as<T>(xf[d] * r));
+  for (int64_t d = 0; d < dim; ++d) out[d] = from_float<T>(to_float(w[d]) * round_as<T>(xf[d] * r));
 }
 
 void check_rows(const torch::Tensor& x, const torch::Tensor& w) {
@@ -48,9 +50,11 @@ void check_rows(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(x.scalar_type() == w.scalar_type(), "x and weight must share a dtype");
 }
 
+// fn(t) for every token, split over threads in blocks of at least kElementsPerTask elements.
 template <typename Fn>
-void for_tokens(int64_t num_tokens, Fn&& fn) {
-  at::parallel_for(0, num_tokens, kTokensPerTask, [&](int64_t begin, int64_t end) {
+void for_tokens(int64_t num_tokens, int64_t row_elements, Fn&& fn) {
+  const int64_t grain = std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, row_elements));
+  at::parallel_for(0, num_tokens, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) fn(t);
   });
 }
@@ -69,7 +73,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
     const T* w = weight.data_ptr<T>();
     T* o = out.data_ptr<T>();
     const int64_t dim = x.size(1), stride = x.stride(0);
-    for_tokens(x.size(0), [&](int64_t t) { norm_row(xs + t * stride, w, float(eps), o + t * dim, dim); });
+    for_tokens(x.size(0), x.size(1), [&](int64_t t) { norm_row(xs + t * stride, w, float(eps), o + t * dim, dim); });
   });
   return out;
 }
@@ -87,11 +91,11 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
     T* res = residual.data_ptr<T>();
     T* o = out.data_ptr<T>();
     const int64_t dim = x.size(1), stride = x.stride(0);
-    for_tokens(x.size(0), [&](int64_t t) {
+    for_tokens(x.size(0), dim, [&](int64_t t) {
       T* r = res + t * dim;
       const T* xt = xs + t * stride;
 #pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) r[d] = static_cast<T>(to_float(r[d]) + to_float(xt[d]));
+      for (int64_t d = 0; d < dim; ++d) r[d] = from_float<T>(to_float(r[d]) + to_float(xt[d]));
       norm_row(r, w, float(eps), o + t * dim, dim);
     });
   });
@@ -115,7 +119,7 @@ torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, tor
     const T* cs = cos.data_ptr<T>();
     const T* ss = signed_sin.data_ptr<T>();
     const int64_t dim = x.size(2), half = dim / 2, stride = x.stride(0);
-    for_tokens(x.size(0), [&](int64_t t) {
+    for_tokens(x.size(0), num_heads * dim, [&](int64_t t) {
       const T* c = cs + t * dim;
       const T* s = ss + t * dim;
       float rolled[kMaxHeadDim];  // roll(x, half): the partner of each element
@@ -129,7 +133,7 @@ torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, tor
         for (int64_t d = 0; d < dim; ++d) {
           const float a = round_as<T>(to_float(row[d]) * to_float(c[d]));
           const float b = round_as<T>(rolled[d] * to_float(s[d]));
-          row[d] = static_cast<T>(a + b);
+          row[d] = from_float<T>(a + b);
         }
       }
     });
@@ -147,14 +151,14 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
     using T = decltype(zero);
     const T* in = gate_up.data_ptr<T>();
     T* o = out.data_ptr<T>();
-    for_tokens(gate_up.size(0), [&](int64_t t) {
+    for_tokens(gate_up.size(0), 2 * inter, [&](int64_t t) {
       const T* g = in + t * 2 * inter;
       const T* u = g + inter;
       T* ot = o + t * inter;
 #pragma omp simd
       for (int64_t i = 0; i < inter; ++i) {
         const float gf = to_float(g[i]);
-        ot[i] = static_cast<T>(round_as<T>(gf / (1.f + std::exp(-gf))) * to_float(u[i]));
+        ot[i] = from_float<T>(round_as<T>(gf / (1.f + std::exp(-gf))) * to_float(u[i]));
       }
     });
   });
