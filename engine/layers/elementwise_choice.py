@@ -8,9 +8,9 @@ timing them on the machine at hand (as `linear_choice` does for the linears).
     silu_and_mul   one pass                            F.silu(gate) * up
 
 Both follow the Hugging Face modules' arithmetic (tests/engine/test_layer_ops.py). Which is faster
-depends on the CPU and the row count: on an AVX512-BF16 EPYC the native bfloat16 ops were fastest for
-one row (a decode step of one sequence) and 2-7x slower than PyTorch's vectorised ops from 16 rows
-up. The choice is cached with the linears' (`linear_choice.cached_choice`), keyed by the CPU, the
+depends on the CPU, the build and the row count: on an AVX512-BF16 EPYC the native bfloat16 ops, before
+their conversions were vectorised, were fastest for one row and 2-7x slower than PyTorch's from 16 rows
+up; after, they won at every row count. The choice is cached with the linears' (`linear_choice.cached_choice`), keyed by the CPU, the
 threads, the dtype, the shapes and the native source version.
 """
 
