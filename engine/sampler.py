@@ -20,9 +20,6 @@ import torch
 
 from engine.sampling_params import SamplingParams
 
-# Exponential draws can round to 0; dividing by 0 would give inf/nan scores.
-_MIN_EXPONENTIAL = 1e-20
-
 
 @dataclass
 class SamplingState:
@@ -196,7 +193,7 @@ def _sample_random(x: torch.Tensor, states: Sequence[SamplingState]) -> torch.Te
     x = _filter_top_k_top_p(x, states)
     x = _filter_min_p(x, states)
     probs = torch.softmax(x, dim=-1)  # [rows, vocab]
-    return _exponential_race(probs, states)
+    return _inverse_cdf(probs, states)
 
 
 def _filter_top_k_top_p(x: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
@@ -245,23 +242,26 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
-def _exponential_race(probs: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
-    """Draw from each row of probs [rows, vocab] via argmax(p / Exp(1)).
+def _inverse_cdf(probs: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
+    """Draw from each row of probs [rows, vocab]: the first token whose cumulative probability exceeds
+    u times the row's total, u uniform in [0, 1).
 
-    This is exact categorical sampling, and lets every seeded row draw its
-    noise from its own generator while unseeded rows share one batched draw.
+    Exact categorical sampling with one random number per row (an exponential race needs one per
+    token: 37x slower for 64 rows of a 49k vocabulary on a 2-core CPU). A token of probability 0
+    is never drawn. Seeded rows draw their number from their own generator, one per token, so
+    their sequence does not depend on the batch; unseeded rows share one batched draw.
     """
-    noise = torch.empty_like(probs).exponential_()  # [rows, vocab]; global RNG
+    cdf = probs.cumsum(dim=-1)  # [rows, vocab]
+    u = torch.rand(probs.shape[0], 1, device=probs.device)  # [rows, 1]; global RNG
     for i, s in enumerate(states):
         if s.generator is not None:
-            noise[i] = _exponential_row(probs.shape[1], s.generator, probs.device)
-    return row_argmax(probs / noise.clamp_min_(_MIN_EXPONENTIAL))  # [rows]
-
-
-def _exponential_row(vocab: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    # Draw on the generator's own device so a CPU-seeded request also works on GPU logits.
-    row = torch.empty(vocab, dtype=torch.float32, device=generator.device)
-    return row.exponential_(generator=generator).to(device)
+            # Drawn on the generator's own device, so a CPU-seeded request also works on GPU logits.
+            u[i] = torch.rand(1, generator=s.generator, device=s.generator.device).to(probs.device)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]  # [rows]
+    past_end = tokens >= probs.shape[1]  # u * total rounded up to the total: the most likely token
+    if past_end.any():
+        tokens[past_end] = row_argmax(probs[past_end])
+    return tokens
 
 
 def _gather_logprobs(

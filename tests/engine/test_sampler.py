@@ -366,3 +366,13 @@ def test_row_argmax_matches_argmax_and_takes_first_of_ties():
     x[3] = 0.0  # all equal
     assert torch.equal(row_argmax(x), x.argmax(dim=-1))
     assert row_argmax(x)[1] == 7 and row_argmax(x)[3] == 0
+
+
+def test_random_draws_follow_the_distribution_and_never_pick_a_zero_probability_token():
+    # Four tokens, then four of probability 0.
+    logits = torch.cat([probs_logits([0.1, 0.2, 0.3, 0.4], rows=20000), torch.full((20000, 4), float("-inf"))], 1)
+    torch.manual_seed(0)
+    tokens = torch.tensor(Sampler()(logits, [state() for _ in range(20000)]).token_ids)
+    assert tokens.max() <= 3
+    frequencies = torch.bincount(tokens, minlength=4).float() / 20000
+    torch.testing.assert_close(frequencies, torch.tensor([0.1, 0.2, 0.3, 0.4]), atol=0.015, rtol=0)
