@@ -39,6 +39,7 @@ from router.registry import WorkerRegistry
 from router.served_model import ServedModel
 from router.serving import Admission, RequestRunner
 from router.token_stream import TokenStreamConsumer
+from router.tokenize_api import install_tokenize_routes
 from router.watchdog import watch
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}
@@ -120,6 +121,8 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
         state.check_ready()
         card = ModelCard(id=runner.model.name, created=state.created, max_model_len=runner.model.max_model_len)
         return ModelList(data=[card])
+
+    install_tokenize_routes(app, runner.model)
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health():

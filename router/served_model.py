@@ -31,18 +31,20 @@ class ServedModel:
         """The ids `tokenizer(text)["input_ids"]` gives, straight from the Rust tokenizer."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """The chat template applied (with the assistant's turn opened), then tokenized like the text it makes."""
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    add_special_tokens: bool = False) -> list[int]:  # fmt: skip
+        """The chat template applied (with the assistant's turn opened), then tokenized like the text it makes
+        (the template writes the special tokens itself)."""
         template = self._chat_template or getattr(self.tokenizer, "chat_template", None)
         if not template:
             raise bad_request(f"model {self.name} has no chat template; use /v1/completions", "messages")
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, chat_template=template, add_generation_prompt=True, tokenize=False
+                messages, chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False
             )
         except Exception as err:  # jinja raises its own types for messages a template rejects
             raise bad_request(f"the chat template rejected the messages: {err}", "messages") from None
-        return self.encode(text, add_special_tokens=False)
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
     def check_ids(self, token_ids: list[int], param: str = "prompt") -> None:
         vocab = self.vocab_size

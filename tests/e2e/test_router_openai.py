@@ -249,3 +249,25 @@ def test_kv_transfer_metrics_count_one_request_by_its_bytes(served):
     sent = _decode_counter(served, "kv_transfer_bytes") - before["kv_transfer_bytes"]
     assert sent == math.ceil(len(prompt) / block_size) * block_bytes
     assert _decode_counter(served, "kv_transfer_seconds") > before["kv_transfer_seconds"]
+
+
+def test_tokenize_detokenize_and_version_in_vllms_shapes(served):
+    url = served.server.url
+    text = "The capital of France is"
+    out = httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": text}).json()
+    assert out["tokens"] == served.tokenizer(text)["input_ids"] and out["count"] == len(out["tokens"])
+    assert out["max_model_len"] == 256 and out["token_strs"] is None
+
+    messages = [{"role": "user", "content": "Hi there"}]
+    chat = httpx.post(f"{url}/tokenize", json={"messages": messages, "return_token_strs": True}).json()
+    assert chat["tokens"] == _chat_ids(served, messages)  # what /v1/chat/completions sends the workers
+    assert chat["token_strs"] == served.tokenizer.convert_ids_to_tokens(chat["tokens"])
+
+    back = httpx.post(f"{url}/detokenize", json={"model": MODEL, "tokens": out["tokens"]}).json()
+    assert back == {"prompt": served.tokenizer.decode(out["tokens"])}
+    assert httpx.get(f"{url}/version").json()["version"]
+
+    both = httpx.post(f"{url}/tokenize", json={"prompt": text, "messages": messages})
+    assert both.status_code == 400 and both.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.post(f"{url}/detokenize", json={"tokens": [10**9]}).status_code == 400
+    assert httpx.post(f"{url}/tokenize", json={"model": "other", "prompt": text}).status_code == 404

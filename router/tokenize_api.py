@@ -1,0 +1,87 @@
+"""vLLM's small endpoints beside the OpenAI API: POST /tokenize, POST /detokenize, GET /version.
+
+The shapes are vLLM's, so its clients and `vllm bench serve` work unchanged:
+
+    POST /tokenize    {"prompt": "..."} or {"messages": [...]}  ->  {"count", "max_model_len", "tokens", "token_strs"}
+    POST /detokenize  {"tokens": [ids]}                           ->  {"prompt": "..."}
+    GET  /version                                                 ->  {"version": "0.1.0"}
+
+Tokens are counted the way the completions and chat endpoints count a prompt (`ServedModel`): a text
+prompt with the tokenizer's special tokens unless `add_special_tokens` is false; messages through the
+chat template, with the assistant's turn opened unless `add_generation_prompt` is false.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from router.api_models import ChatMessage
+from router.errors import APIError, bad_request
+from router.served_model import ServedModel
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages (the template has them)
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[int]
+
+
+def install_tokenize_routes(app: FastAPI, model: ServedModel) -> None:
+    @app.post("/tokenize", response_model=TokenizeResponse)
+    async def tokenize(body: TokenizeRequest):
+        _check_model(body.model, model.name)
+        if body.prompt is not None:
+            tokens = model.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+        else:
+            messages = [m.model_dump(exclude_none=True) for m in body.messages]
+            tokens = model.encode_chat(messages, body.add_generation_prompt, bool(body.add_special_tokens))
+        strs = model.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
+        return TokenizeResponse(count=len(tokens), max_model_len=model.max_model_len, tokens=tokens, token_strs=strs)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        _check_model(body.model, model.name)
+        if any(not 0 <= t < model.vocab_size for t in body.tokens):
+            raise bad_request(f"token ids must be in [0, {model.vocab_size})", "tokens")
+        return {"prompt": model.tokenizer.decode(body.tokens)}
+
+    @app.get("/version")
+    async def server_version():
+        try:
+            return {"version": version("tandem")}
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            return {"version": "unknown"}
+
+
+def _check_model(asked: str | None, served: str) -> None:
+    if asked is not None and asked != served:
+        raise APIError(404, f"the model {asked!r} does not exist; this server serves {served!r}", "model",
+                       "model_not_found")  # fmt: skip
