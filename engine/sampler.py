@@ -69,7 +69,8 @@ class SamplingState:
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy with nothing that edits the logits: eligible for the fast path."""
-        return self.params.is_greedy and not self.has_penalties and not self.min_tokens_active
+        return (self.params.is_greedy and not self.has_penalties and not self.min_tokens_active
+                and not self.params.logit_bias)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class Sampler:
         # Copy even when already float32: the caller's logits stay untouched.
         x = logits.to(torch.float32, copy=True)  # [num_seqs, vocab]
         apply_penalties(x, states)
+        apply_logit_bias(x, states)
         apply_min_tokens(x, states)
         token_ids = row_argmax(x)  # [num_seqs]; final for greedy rows
         random_rows = [i for i, s in enumerate(states) if not s.params.is_greedy]
@@ -185,6 +187,21 @@ def apply_min_tokens(x: torch.Tensor, states: Sequence[SamplingState]) -> None:
                 cols.append(t)
     if rows:
         x[torch.tensor(rows, device=x.device), torch.tensor(cols, device=x.device)] = float("-inf")
+
+
+def apply_logit_bias(x: torch.Tensor, states: Sequence[SamplingState]) -> None:
+    """Add each row's logit_bias to its logits x [rows, vocab] in place (ids past the vocabulary: none)."""
+    rows, cols, values = [], [], []
+    vocab = x.shape[1]
+    for i, s in enumerate(states):
+        for token, bias in s.params.logit_bias:
+            if token < vocab:
+                rows.append(i)
+                cols.append(token)
+                values.append(bias)
+    if rows:
+        index = (torch.tensor(rows, device=x.device), torch.tensor(cols, device=x.device))
+        x.index_put_(index, torch.tensor(values, dtype=x.dtype, device=x.device), accumulate=True)
 
 
 def _sample_random(x: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:

@@ -28,7 +28,8 @@ class SamplingParams:
     `logprobs` is the number of top alternatives returned besides the chosen
     token (0: only the chosen token's logprob, None: no logprobs).
     `stop` and `stop_token_ids` accept a single value or any iterable and
-    are stored as tuples. `stop`, `include_stop_str_in_output` and
+    are stored as tuples. `logit_bias` ({token id: bias in [-100, 100]}, added to
+    the logits before sampling, as OpenAI's) is stored as sorted (id, bias) pairs. `stop`, `include_stop_str_in_output` and
     `skip_special_tokens` shape the text, which the engine core never makes:
     `LLM` applies them (`engine.offline_text`); workers never receive them.
     """
@@ -48,11 +49,13 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         self._normalise_stops()
+        self._normalise_logit_bias()
         self._validate_numbers()
         self._validate_flags()
 
@@ -72,6 +75,20 @@ class SamplingParams:
                 raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+
+    def _normalise_logit_bias(self) -> None:
+        bias = self.logit_bias
+        pairs = bias.items() if isinstance(bias, dict) else bias
+        if isinstance(pairs, (str, bytes)):
+            raise ValueError(f"logit_bias must map token ids to numbers, got {bias!r}")
+        normalised = {}
+        for pair in pairs:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not _is_int(pair[0]) or pair[0] < 0:
+                raise ValueError(f"logit_bias keys must be non-negative token ids, got {pair!r}")
+            value = _as_float("logit_bias", pair[1])
+            _check(-100.0 <= value <= 100.0, "logit_bias", value, "values must be in [-100, 100]")
+            normalised[int(pair[0])] = value
+        object.__setattr__(self, "logit_bias", tuple(sorted(normalised.items())))
 
     def _validate_numbers(self) -> None:
         # Floats are stored as float so `temperature=1` and `1.0` compare equal.

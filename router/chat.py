@@ -26,7 +26,7 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
     prompt = model.encode_chat([m.model_dump(exclude_none=True) for m in body.messages])
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = model.max_tokens_for(len(prompt), body.max_tokens_asked, param)
-    sampling = sampling_from(body, logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+    sampling = sampling_from(body, (body.top_logprobs or 0) if body.logprobs else None, model.vocab_size)
     running = await runner.start([prompt], sampling, text_options_from(body), body.n, arrived, [max_tokens])
     rid, created = response_id("chatcmpl")
     if body.stream:

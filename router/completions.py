@@ -23,7 +23,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     refuse_unsupported(body, echo=(False,), suffix=(None, ""), best_of=(None, body.n))
     prompts = _prompt_ids(body.prompt, model)
     max_tokens = [model.max_tokens_for(len(p), body.max_tokens) for p in prompts]
-    sampling = sampling_from(body, logprobs=body.logprobs)
+    sampling = sampling_from(body, body.logprobs, model.vocab_size)
     running = await runner.start(prompts, sampling, text_options_from(body), body.n, arrived, max_tokens)
     rid, created = response_id("cmpl")
     if body.stream:

@@ -27,23 +27,35 @@ def check_model(body: _GenerationFields, served_name: str) -> None:
 
 def refuse_unsupported(body: _GenerationFields, **extra_defaults) -> None:
     """400 for a field Tandem cannot honour that is set to anything but its neutral value."""
-    if body.logit_bias:
-        raise bad_request("logit_bias is not supported", "logit_bias")
     for name, neutral in extra_defaults.items():
         if getattr(body, name) not in neutral:
             raise bad_request(f"{name}={getattr(body, name)!r} is not supported", name)
 
 
-def sampling_from(body: _GenerationFields, logprobs: int | None) -> SamplingSpec:
+def sampling_from(body: _GenerationFields, logprobs: int | None, vocab_size: int) -> SamplingSpec:
     """The wire sampling parameters (max_tokens and seed are set per sequence later)."""
     if body.max_tokens_asked is not None and body.min_tokens > body.max_tokens_asked:
         raise bad_request("min_tokens must not exceed max_tokens", "min_tokens")
     return SamplingSpec(
+        logit_bias=logit_bias_from(body.logit_bias or {}, vocab_size),
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,
         repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, min_tokens=body.min_tokens,
         stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs,
     )  # fmt: skip
+
+
+def logit_bias_from(bias: dict[str, float], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} as sorted (id, bias) pairs; 400 for a key that is no token id of the
+    vocabulary or a bias outside [-100, 100]."""
+    pairs = {}
+    for key, value in bias.items():
+        if not key.isdigit() or int(key) >= vocab_size:
+            raise bad_request(f"logit_bias keys must be token ids in [0, {vocab_size}), got {key!r}", "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise bad_request(f"logit_bias values must be in [-100, 100], got {value!r}", "logit_bias")
+        pairs[int(key)] = float(value)
+    return tuple(sorted(pairs.items()))
 
 
 def text_options_from(body: _GenerationFields) -> TextOptions:

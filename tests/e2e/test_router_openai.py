@@ -271,3 +271,13 @@ def test_tokenize_detokenize_and_version_in_vllms_shapes(served):
     assert both.status_code == 400 and both.json()["error"]["type"] == "invalid_request_error"
     assert httpx.post(f"{url}/detokenize", json={"tokens": [10**9]}).status_code == 400
     assert httpx.post(f"{url}/tokenize", json={"model": "other", "prompt": text}).status_code == 404
+
+
+def test_logit_bias_steers_greedy_output_through_both_workers(served):
+    forced = served.tokenizer.convert_tokens_to_ids(served.tokenizer.tokenize(" the"))[0]
+    out = served.client.completions.create(model=MODEL, prompt=[5, 17, 42], temperature=0, max_tokens=4,
+                                           logit_bias={str(forced): 100}, extra_body={"ignore_eos": True})  # fmt: skip
+    assert out.choices[0].text == served.tokenizer.decode([forced] * 4)
+    for bias in ({"999999": 1}, {"x": 1}, {"5": 150}):
+        with pytest.raises(openai.BadRequestError, match="logit_bias"):
+            served.client.completions.create(model=MODEL, prompt=[5, 17], max_tokens=2, logit_bias=bias)

@@ -376,3 +376,15 @@ def test_random_draws_follow_the_distribution_and_never_pick_a_zero_probability_
     assert tokens.max() <= 3
     frequencies = torch.bincount(tokens, minlength=4).float() / 20000
     torch.testing.assert_close(frequencies, torch.tensor([0.1, 0.2, 0.3, 0.4]), atol=0.015, rtol=0)
+
+
+def test_logit_bias_is_added_before_sampling_and_ignores_ids_past_the_vocabulary():
+    logits = random_logits(3)
+    top = logits.argmax(-1).tolist()
+    states = [state(temperature=0.0, logit_bias={5: 100.0}),  # forced
+              state(temperature=0.0, logit_bias={top[1]: -100.0, VOCAB + 7: 100.0}),  # its best banned
+              state(temperature=0.0)]  # fmt: skip
+    assert not states[0].is_plain_greedy
+    out = Sampler()(logits, states).token_ids
+    assert out[0] == 5 and out[1] == logits[1].topk(2).indices[1].item() and out[2] == top[2]
+    assert Sampler()(random_logits(4), [state(logit_bias={2: 100.0}, seed=i) for i in range(4)]).token_ids == [2] * 4

@@ -132,3 +132,11 @@ def test_invalid_values_raise(kwargs, field):
 def test_wrong_types_raise_value_error(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_logit_bias_is_stored_as_sorted_pairs_and_checked():
+    assert SamplingParams(logit_bias={9: 1, 2: -3.5}).logit_bias == ((2, -3.5), (9, 1.0))
+    assert SamplingParams(logit_bias=[(4, 2.0)]).logit_bias == ((4, 2.0),)
+    for bad in ({-1: 1.0}, {"3": 1.0}, {3: 101.0}, {3: float("nan")}, "x"):
+        with pytest.raises(ValueError, match="logit_bias"):
+            SamplingParams(logit_bias=bad)
