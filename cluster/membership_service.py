@@ -20,8 +20,8 @@ import threading
 import zmq
 
 from cluster.membership import Membership
-from wire.codec import DecodeError, decode, encode
-from wire.control import ControlCall, ControlReply
+from wire.codec import DecodeError, encode
+from wire.control import ControlReply, read_call
 from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from wire.membership import MembershipReport
 from wire.socket_security import ClusterKey, bind_secured, refuse
@@ -53,11 +53,8 @@ class MembershipService:
                 self._take(self._sock.recv_multipart())
 
     def _take(self, parts: list[bytes]) -> None:
-        if len(parts) != 2:
-            return self._drop(f"{len(parts) - 1} frames instead of 1")
-        identity, frame = parts
         try:
-            call = decode(frame, ControlCall)
+            identity, call = read_call(parts)
         except DecodeError as e:
             return self._drop(str(e))
         if call.method != "sync" or not isinstance(call.payload, MembershipReport):

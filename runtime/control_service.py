@@ -21,9 +21,9 @@ from typing import Callable, Mapping
 
 import zmq
 
-from wire.codec import DecodeError, decode, encode
+from wire.codec import DecodeError, encode
 from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
-from wire.control import ControlCall, ControlReply, ReplyPayload
+from wire.control import ControlReply, ReplyPayload, read_call
 from wire.socket_security import bind_secured, refuse
 from runtime.load_board import LoadBoard
 
@@ -102,11 +102,8 @@ class ControlService:
 
     # ---- calls ----------------------------------------------------------------
     def _take(self, parts: list[bytes]) -> None:
-        if len(parts) != 2:
-            return self._drop(f"{len(parts) - 1} frames instead of 1")
-        identity, frame = parts
         try:
-            call = decode(frame, ControlCall)
+            identity, call = read_call(parts)
         except DecodeError as e:
             return self._drop(str(e))
         self.board.router_seen()

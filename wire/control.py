@@ -8,7 +8,7 @@ The controller's membership socket speaks the same envelope with one method, "sy
 
 from __future__ import annotations
 
-from wire.codec import message
+from wire.codec import DecodeError, decode, message
 from wire.membership import MembershipReport, WantedMembership
 from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, ReserveRefused, WorkerLoad
 
@@ -33,3 +33,10 @@ class ControlReply:
     payload: ReplyPayload = None
     error: str = ""  # set when the call failed
     rejected: bool = False  # the call's own fault (bad payload, unknown method): the worker is fine
+
+
+def read_call(frames: list[bytes]) -> tuple[bytes, ControlCall]:
+    """(the caller's identity, its call) from the frames a ROUTER received; `DecodeError` for anything else."""
+    if len(frames) != 2:
+        raise DecodeError(f"{len(frames) - 1} frames instead of 1")
+    return frames[0], decode(frames[1], ControlCall)
