@@ -1,14 +1,16 @@
 """The OpenAI request and response bodies (pydantic), as the official client sends and reads them.
 
-Fields OpenAI defines but Tandem cannot honour are accepted when left at their
-defaults and refused (400) otherwise; unknown fields are ignored, as OpenAI's
-own server does for forward compatibility. A few vLLM extensions (`top_k`,
+Fields OpenAI (or vLLM) defines but Tandem cannot honour yet (structured outputs,
+tools, prompt logprobs) are declared here so that they are never silently
+dropped: accepted when left at their neutral values, refused (400 naming the
+field) otherwise (`router.openai_common.refuse_unsupported`). Unknown fields are
+ignored, as OpenAI's own server does for forward compatibility. A few vLLM extensions (`top_k`,
 `min_tokens`, `ignore_eos`, ...) come through the client's `extra_body`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,6 +45,18 @@ class _GenerationFields(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Not honoured yet: refused unless neutral (see the module docstring).
+    response_format: dict | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    functions: list | None = None
+    function_call: str | dict | None = None
+    prompt_logprobs: int | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict | None = None
 
 
 class CompletionRequest(_GenerationFields):

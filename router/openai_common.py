@@ -25,11 +25,20 @@ def check_model(body: _GenerationFields, served_name: str) -> None:
                        "model", "model_not_found")  # fmt: skip
 
 
+# Fields Tandem cannot honour yet, and the values of each that ask for nothing.
+NOT_HONOURED = {"response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
+                "functions": (None, []), "function_call": (None, "none"), "prompt_logprobs": (None,),
+                "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+                "structured_outputs": (None,)}  # fmt: skip
+
+
 def refuse_unsupported(body: _GenerationFields, **extra_defaults) -> None:
     """400 for a field Tandem cannot honour that is set to anything but its neutral value."""
-    for name, neutral in extra_defaults.items():
-        if getattr(body, name) not in neutral:
-            raise bad_request(f"{name}={getattr(body, name)!r} is not supported", name)
+    for name, neutral in {**NOT_HONOURED, **extra_defaults}.items():
+        value = getattr(body, name)
+        if value not in neutral:
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise bad_request(f"{name}={shown} is not supported", name)
 
 
 def sampling_from(body: _GenerationFields, logprobs: int | None, vocab_size: int) -> SamplingSpec:
