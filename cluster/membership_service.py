@@ -1,8 +1,8 @@
 """The controller's membership socket: the router's long poll (`wire.membership`), served on its own thread.
 
     router_sync's DEALER ── ControlCall("sync", MembershipReport) ──► ROUTER (thread "membership")
-                         ◄── ControlReply(WantedMembership) ────────  Membership.sync: waits at most a
-                                                                      poll interval for a change
+                         ◄── ControlReply(WantedMembership) ────────  Membership.sync: waits at most
+                                                                      a poll interval for a change
 
 One router syncs at a time, so calls are served one after another on this thread.
 The socket binds to loopback: the controller actor is pinned to the router's node

@@ -29,7 +29,8 @@ class SamplingParams:
     token (0: only the chosen token's logprob, None: no logprobs).
     `stop` and `stop_token_ids` accept a single value or any iterable and
     are stored as tuples. `logit_bias` ({token id: bias in [-100, 100]}, added to
-    the logits before sampling, as OpenAI's) is stored as sorted (id, bias) pairs. `stop`, `include_stop_str_in_output` and
+    the logits before sampling, as OpenAI's) is stored as sorted (id, bias) pairs.
+    `stop`, `include_stop_str_in_output` and
     `skip_special_tokens` shape the text, which the engine core never makes:
     `LLM` applies them (`engine.offline_text`); workers never receive them.
     """

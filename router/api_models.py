@@ -4,8 +4,9 @@ Fields OpenAI (or vLLM) defines but Tandem cannot honour yet (structured outputs
 tools, prompt logprobs) are declared here so that they are never silently
 dropped: accepted when left at their neutral values, refused (400 naming the
 field) otherwise (`router.openai_common.refuse_unsupported`). Unknown fields are
-ignored, as OpenAI's own server does for forward compatibility. A few vLLM extensions (`top_k`,
-`min_tokens`, `ignore_eos`, ...) come through the client's `extra_body`.
+ignored, as OpenAI's own server does for forward compatibility. A few vLLM
+extensions (`top_k`, `min_tokens`, `ignore_eos`, ...) come through the client's
+`extra_body`.
 """
 
 from __future__ import annotations

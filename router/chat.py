@@ -19,7 +19,7 @@ from router.serving import RequestRunner, RunningRequest
 async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRunner, request: Request):
     arrived = time.monotonic()
     model = runner.model
-    check_model(body, model.name)
+    check_model(body.model, model.name)
     refuse_unsupported(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")

@@ -19,7 +19,7 @@ from router.serving import RequestRunner, RunningRequest
 async def create_completion(body: CompletionRequest, runner: RequestRunner, request: Request):
     arrived = time.monotonic()
     model = runner.model
-    check_model(body, model.name)
+    check_model(body.model, model.name)
     refuse_unsupported(body, echo=(False,), suffix=(None, ""), best_of=(None, body.n))
     prompts = _prompt_ids(body.prompt, model)
     max_tokens = [model.max_tokens_for(len(p), body.max_tokens) for p in prompts]

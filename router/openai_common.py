@@ -19,9 +19,10 @@ from router.serving import RunningRequest
 from wire.requests import SamplingSpec
 
 
-def check_model(body: _GenerationFields, served_name: str) -> None:
-    if body.model != served_name:
-        raise APIError(404, f"the model {body.model!r} does not exist; this server serves {served_name!r}",
+def check_model(asked: str, served_name: str) -> None:
+    """404 unless the request names the served model."""
+    if asked != served_name:
+        raise APIError(404, f"the model {asked!r} does not exist; this server serves {served_name!r}",
                        "model", "model_not_found")  # fmt: skip
 
 

@@ -19,7 +19,8 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from router.api_models import ChatMessage
-from router.errors import APIError, bad_request
+from router.errors import bad_request
+from router.openai_common import check_model
 from router.served_model import ServedModel
 
 
@@ -57,7 +58,8 @@ class DetokenizeRequest(BaseModel):
 def install_tokenize_routes(app: FastAPI, model: ServedModel) -> None:
     @app.post("/tokenize", response_model=TokenizeResponse)
     async def tokenize(body: TokenizeRequest):
-        _check_model(body.model, model.name)
+        if body.model is not None:  # optional here, as in vLLM
+            check_model(body.model, model.name)
         if body.prompt is not None:
             tokens = model.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
@@ -68,7 +70,8 @@ def install_tokenize_routes(app: FastAPI, model: ServedModel) -> None:
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
-        _check_model(body.model, model.name)
+        if body.model is not None:
+            check_model(body.model, model.name)
         if any(not 0 <= t < model.vocab_size for t in body.tokens):
             raise bad_request(f"token ids must be in [0, {model.vocab_size})", "tokens")
         return {"prompt": model.tokenizer.decode(body.tokens)}
@@ -80,8 +83,3 @@ def install_tokenize_routes(app: FastAPI, model: ServedModel) -> None:
         except PackageNotFoundError:  # run from a checkout that was never installed
             return {"version": "unknown"}
 
-
-def _check_model(asked: str | None, served: str) -> None:
-    if asked is not None and asked != served:
-        raise APIError(404, f"the model {asked!r} does not exist; this server serves {served!r}", "model",
-                       "model_not_found")  # fmt: skip

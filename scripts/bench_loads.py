@@ -221,7 +221,8 @@ def main(argv=None) -> None:
     print(text)
     print(f"results: {result_dir}")
     if args.markdown:
-        details = SERVERS.format(layout=layout, dtype=peer_dtype()) + "\n".join(f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
+        details = SERVERS.format(layout=layout, dtype=peer_dtype()) + "\n".join(
+            f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
         record = run_text("bench_loads.py", sys.argv[1:], machine_line(), details, text)
         record_run(args.markdown, "bench_loads.py", record)
     lost = [r for r in rows if r["server"] == "tandem" and (r["failed"] or r["restarts"])]

@@ -10,8 +10,9 @@ timing them on the machine at hand (as `linear_choice` does for the linears).
 Both follow the Hugging Face modules' arithmetic (tests/engine/test_layer_ops.py). Which is faster
 depends on the CPU, the build and the row count: on an AVX512-BF16 EPYC the native bfloat16 ops, before
 their conversions were vectorised, were fastest for one row and 2-7x slower than PyTorch's from 16 rows
-up; after, they won at every row count. The choice is cached with the linears' (`linear_choice.cached_choice`), keyed by the CPU, the
-threads, the dtype, the shapes and the native source version.
+up; after, they won at every row count. The choice is cached with the linears'
+(`linear_choice.cached_choice`), keyed by the CPU, the threads, the dtype, the shapes and the native
+source version.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def choose_elementwise(impls: Mapping[str, Mapping[str, Callable]], shapes: OpSh
 
 def dispatched(impls: Mapping[str, Mapping[str, Callable]], choice: Sequence[str]) -> dict[str, Callable]:
     """op -> a function that runs the implementation its band chose (the first argument's rows decide)."""
-    per_band = [dict(item.split("=") for item in band.split(",")) for band in choice]
+    per_band = _per_band(choice)
     ops = {}
     for op in OPS:
         by_band = [impls[band[op]][op] for band in per_band]
@@ -80,5 +81,10 @@ def _by_rows(by_band: list[Callable]) -> Callable:
 
 def describe(choice: Sequence[str]) -> str:
     """Per op, the bands' choices in order ("silu_and_mul: native torch torch ...")."""
-    per_band = [dict(item.split("=") for item in band.split(",")) for band in choice]
+    per_band = _per_band(choice)
     return "; ".join(f"{op}: {' '.join(band[op] for band in per_band)}" for op in OPS)
+
+
+def _per_band(choice: Sequence[str]) -> list[dict[str, str]]:
+    """Each band's "op=implementation,..." as {op: implementation}."""
+    return [dict(item.split("=") for item in band.split(",")) for band in choice]
