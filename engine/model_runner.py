@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from engine.attention import select_backend
+from engine.attention import AttentionShapes, select_backend
 from engine.config import EngineConfig
 from engine.layers.ops import layer_ops
 from engine.layers.rotary import RotaryEmbedding
@@ -75,7 +75,9 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(
             config.model, self.num_blocks, config.cache.block_size, config.dtype, config.device, kv_heads
         )
-        self.attn_fn = select_backend(config.attention_backend, config.device)
+        shapes = AttentionShapes(self.model.layers[0].self_attn.num_heads, kv_heads, config.model.head_dim,
+                                 config.cache.block_size)  # fmt: skip
+        self.attn_fn = select_backend(config.attention_backend, config.device, shapes, config.dtype)
         self.sampler = Sampler()
         self._sender = StepSender(self.tp) if self.tp.size > 1 and self.tp.is_driver else None
         self._receiver = StepReceiver(self.tp, config.device) if not self.tp.is_driver else None

@@ -6,6 +6,8 @@ over its cached prefix plus its new tokens. The loop is per prefill sequence,
 never per token.
 """
 
+from typing import Iterable
+
 import torch
 import torch.nn.functional as F
 
@@ -64,15 +66,16 @@ def paged_attention(
     return out
 
 
-def attend_prefills(out, query, key_cache, value_cache, meta: AttentionMetadata, scale: float, key=None, value=None):
-    """Fill `out` for every prefill chunk (the sequences after the decodes), one SDPA call each.
+def attend_prefills(out, query, key_cache, value_cache, meta: AttentionMetadata, scale: float, key=None, value=None,
+                    seqs: Iterable[int] | None = None):
+    """Fill `out` for every prefill chunk (the sequences after the decodes, or those of `seqs`), one SDPA call each.
 
     With the step's new `key`/`value` given and every slot written this step, a
     chunk with no cached prefix attends to them directly instead of gathering the
     same rows back from the cache.
     """
     use_new_kv = key is not None and meta.all_slots_valid
-    for i in range(meta.num_decodes, meta.num_seqs):
+    for i in range(meta.num_decodes, meta.num_seqs) if seqs is None else seqs:
         start, end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
         new_kv = None
         if use_new_kv and meta.seq_lens_host[i] == end - start:

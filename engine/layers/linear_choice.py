@@ -129,9 +129,9 @@ def _compute_and_write(path: Path, key_parts: Sequence[str], compute: Callable[[
     return choice
 
 
-def describe(choice: Sequence[str]) -> str:
+def describe(choice: Sequence[str], unit: str = "row") -> str:
     def rows(first: int, last: int) -> str:
-        return "1 row" if last == 1 else f"{first}+ rows" if last >= 1 << 30 else f"{first}-{last} rows"
+        return f"1 {unit}" if last == 1 else f"{first}+ {unit}s" if last >= 1 << 30 else f"{first}-{last} {unit}s"
 
     return ", ".join(f"{rows(first, last)}: {name}" for (first, last, _), name in zip(BANDS, choice))
 

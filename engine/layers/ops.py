@@ -146,7 +146,7 @@ def chosen_linear(kernels, dtype: torch.dtype, shapes: Sequence[tuple[int, int]]
     candidates = {c.name: c for c in linear_candidates(kernels, dtype)}
     pack, _ = make_packed_linear(kernels)
     makers = {"dense": lambda w: w, "packed": pack, "onednn": onednn_weight}
-    key = [*_machine_key(kernels, dtype), " ".join(sorted(candidates)), repr(sorted(set(shapes)))]
+    key = [*machine_key(kernels, dtype), " ".join(sorted(candidates)), repr(sorted(set(shapes)))]
     if choice is None:
         choice = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(shapes)), dtype, makers))
     by_band = [candidates[name] for name in choice]
@@ -178,7 +178,7 @@ class LayerOps:
 TORCH_OPS = LayerOps(torch_rms_norm, torch_add_rms_norm, torch_rotary, torch_silu_and_mul, F.linear, "torch")
 
 
-def _machine_key(kernels, dtype: torch.dtype) -> list[str]:
+def machine_key(kernels, dtype: torch.dtype) -> list[str]:
     """What a timed choice depends on besides the shapes: the CPU, threads, dtype, torch and our kernels."""
     return [cpu_features().signature(), f"threads {torch.get_num_threads()}", str(dtype), f"torch {torch.__version__}",
             kernels.__name__]  # fmt: skip
@@ -207,7 +207,7 @@ def chosen_elementwise(kernels, dtype: torch.dtype, shapes: OpShapes | None,
     if choice is None and shapes is None:
         return impls["native"], "native"
     if choice is None:
-        key = [*_machine_key(kernels, dtype), "elementwise", repr(shapes)]
+        key = [*machine_key(kernels, dtype), "elementwise", repr(shapes)]
         choice = cached_choice(key, lambda: elementwise_choice.choose_elementwise(impls, shapes, dtype),
                                "elementwise ops", elementwise_choice.describe)  # fmt: skip
     return elementwise_choice.dispatched(impls, choice), elementwise_choice.describe(choice)

@@ -26,7 +26,7 @@ logger = logging.getLogger("tandem.engine")
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in (
-    "bindings.cpp", "paged_decode.cpp", "layer_ops.cpp", "small_linear.cpp", "packed_linear.cpp"
+    "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "layer_ops.cpp", "small_linear.cpp", "packed_linear.cpp"
 )]
 _HEADERS = [_CSRC / "float_types.h"]
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]

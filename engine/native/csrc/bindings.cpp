@@ -3,6 +3,9 @@
 
 torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                                      torch::Tensor block_table, torch::Tensor seq_lens, double scale);
+void paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
+                             torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor query_start,
+                             torch::Tensor seqs, double scale, torch::Tensor out);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
 torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, torch::Tensor signed_sin);
@@ -17,6 +20,8 @@ void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_ca
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention, one query per sequence");
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "causal attention of the chunks of `seqs` over their cached prefix and themselves, into out's rows");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row");
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then RMSNorm of residual");
   m.def("rotary_", &rotary_, "rotary embedding of the first num_heads heads, in place");
