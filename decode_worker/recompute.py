@@ -28,6 +28,7 @@ def requeue_locally(engine: LLMEngine, req: Request, first_token: int | None) ->
     left = req.max_tokens - len(done)
     if left <= 0:
         return len(done), "length"
-    params = dataclasses.replace(p, max_tokens=left, min_tokens=max(0, p.min_tokens - len(done)))
+    params = dataclasses.replace(p, max_tokens=left, min_tokens=max(0, p.min_tokens - len(done)),
+                                 resumed_output_tokens=p.resumed_output_tokens + len(done))  # fmt: skip
     engine.add_request(req.request_id, list(req.prompt_token_ids) + done, params)
     return len(done), None

@@ -30,6 +30,7 @@ from engine.prefill_meter import PrefillMeter, prompt_tokens_advanced
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
+from engine.structured_output import GrammarCompiler
 from engine.tokenizer import eos_token_ids_for, load_tokenizer
 
 logger = logging.getLogger("tandem.engine")
@@ -133,6 +134,9 @@ class LLMEngine:
         self.max_model_len = min(config.scheduler.max_model_len, self.runner.num_blocks * block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache)
         self.prefill_meter = PrefillMeter()  # its prompt rate, for the router's TTFT prediction
+        # Structured outputs: the vocabulary is read on the first request that asks for one.
+        self.grammars = GrammarCompiler(lambda: self.tokenizer or load_tokenizer(config.model_dir),
+                                        config.model.vocab_size, self.eos_token_ids)  # fmt: skip
         self.requests: dict[str, Request] = {}
         self._prompts: dict[str, str | None] = {}
         # A worker's seam into the cache (engine.kv_connector): called before each forward and after each layer.
@@ -177,6 +181,9 @@ class LLMEngine:
         self._validate_tokens(token_ids)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
         req = Request(request_id, token_ids, params, max_tokens, eos_token_ids=self.eos_token_ids)
+        if params.structured is not None:  # GrammarError (a ValueError): an invalid spec or resumed output
+            resumed = token_ids[len(token_ids) - params.resumed_output_tokens :] if params.resumed_output_tokens else []
+            req.sampling.grammar = self.grammars.state_for(params.structured, resumed)
         self.requests[request_id] = req
         self._prompts[request_id] = text
         return req

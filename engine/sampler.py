@@ -3,7 +3,7 @@
 Processing order follows vLLM v1:
   1. logprobs from the raw logits (log_softmax of the model's output);
   2. repetition / presence / frequency penalties;
-  3. min_tokens masking of EOS and stop token ids;
+  3. min_tokens masking of EOS and stop token ids, then structured output's grammar mask;
   4. greedy rows: argmax; random rows: temperature, top-k, top-p, min-p,
      then a draw from the softmax with the row's own generator.
 
@@ -15,10 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured_output import GrammarState
 
 
 @dataclass
@@ -36,6 +40,7 @@ class SamplingState:
     output_token_ids: list[int]
     generator: torch.Generator | None = None
     eos_token_ids: tuple[int, ...] = ()
+    grammar: GrammarState | None = None  # structured output: set by the engine (engine.structured_output)
 
     @classmethod
     def create(
@@ -70,7 +75,7 @@ class SamplingState:
     def is_plain_greedy(self) -> bool:
         """Greedy with nothing that edits the logits: eligible for the fast path."""
         return (self.params.is_greedy and not self.has_penalties and not self.min_tokens_active
-                and not self.params.logit_bias)  # fmt: skip
+                and not self.params.logit_bias and self.grammar is None)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,11 @@ class Sampler:
         apply_penalties(x, states)
         apply_logit_bias(x, states)
         apply_min_tokens(x, states)
+        grammars = [(i, s.grammar, s.output_token_ids) for i, s in enumerate(states) if s.grammar is not None]
+        if grammars:
+            from engine.structured_output import apply_grammars  # xgrammar: imported when first used
+
+            apply_grammars(x, grammars)
         token_ids = row_argmax(x)  # [num_seqs]; final for greedy rows
         random_rows = [i for i, s in enumerate(states) if not s.params.is_greedy]
         if random_rows:

@@ -18,6 +18,8 @@ _GREEDY_EPS = 1e-5
 _MAX_LOGPROBS = 20
 # torch.Generator.manual_seed accepts exactly this range.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+# engine.structured_output.KINDS (not imported: that module brings xgrammar in)
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class SamplingParams:
     `stop` and `stop_token_ids` accept a single value or any iterable and
     are stored as tuples. `logit_bias` ({token id: bias in [-100, 100]}, added to
     the logits before sampling, as OpenAI's) is stored as sorted (id, bias) pairs.
+    `structured` ((kind, spec), see engine.structured_output) constrains the output to a JSON schema,
+    a regex, a choice of strings or a grammar.
     `stop`, `include_stop_str_in_output` and
     `skip_special_tokens` shape the text, which the engine core never makes:
     `LLM` applies them (`engine.offline_text`); workers never receive them.
@@ -53,10 +57,15 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured: tuple[str, str] | None = None  # (kind, spec): engine.structured_output
+    # The prompt's last N tokens are output an earlier attempt produced (a migrated or recomputed request):
+    # the grammar of `structured` continues after them.
+    resumed_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         self._normalise_stops()
         self._normalise_logit_bias()
+        self._normalise_structured()
         self._validate_numbers()
         self._validate_flags()
 
@@ -91,12 +100,22 @@ class SamplingParams:
             normalised[int(pair[0])] = value
         object.__setattr__(self, "logit_bias", tuple(sorted(normalised.items())))
 
+    def _normalise_structured(self) -> None:
+        value = self.structured
+        if value is None:
+            return
+        if not isinstance(value, (tuple, list)) or len(value) != 2 or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"structured must be a (kind, spec) pair of strings, got {value!r}")
+        if value[0] not in STRUCTURED_KINDS:
+            raise ValueError(f"structured kind must be one of {', '.join(STRUCTURED_KINDS)}, got {value[0]!r}")
+        object.__setattr__(self, "structured", (value[0], value[1]))
+
     def _validate_numbers(self) -> None:
         # Floats are stored as float so `temperature=1` and `1.0` compare equal.
         for name in ("temperature", "top_p", "min_p", "repetition_penalty",
                      "presence_penalty", "frequency_penalty"):
             object.__setattr__(self, name, _as_float(name, getattr(self, name)))
-        for name in ("n", "top_k", "min_tokens"):
+        for name in ("n", "top_k", "min_tokens", "resumed_output_tokens"):
             _require_int(name, getattr(self, name))
         for name in ("seed", "max_tokens", "logprobs"):
             if getattr(self, name) is not None:
@@ -116,6 +135,7 @@ class SamplingParams:
         if self.max_tokens is not None:
             _check(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1 or None")
         _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, "must be >= 0")
+        _check(self.resumed_output_tokens >= 0, "resumed_output_tokens", self.resumed_output_tokens, "must be >= 0")
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
                    f"must be <= max_tokens ({self.max_tokens})")

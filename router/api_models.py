@@ -1,7 +1,7 @@
 """The OpenAI request and response bodies (pydantic), as the official client sends and reads them.
 
-Fields OpenAI (or vLLM) defines but Tandem cannot honour yet (structured outputs,
-tools, prompt logprobs) are declared here so that they are never silently
+Fields OpenAI (or vLLM) defines but Tandem cannot honour yet (tools, prompt
+logprobs) are declared here so that they are never silently
 dropped: accepted when left at their neutral values, refused (400 naming the
 field) otherwise (`router.openai_common.refuse_unsupported`). Unknown fields are
 ignored, as OpenAI's own server does for forward compatibility. A few vLLM
@@ -46,18 +46,20 @@ class _GenerationFields(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    # Not honoured yet: refused unless neutral (see the module docstring).
+    # Structured outputs (router.structured_request): OpenAI's response_format, vLLM's structured_outputs
+    # and guided_* extensions.
     response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list | None = None
+    guided_grammar: str | None = None
+    # Not honoured yet: refused unless neutral (see the module docstring).
     tools: list | None = None
     tool_choice: str | dict | None = None
     functions: list | None = None
     function_call: str | dict | None = None
     prompt_logprobs: int | None = None
-    guided_json: Any = None
-    guided_regex: str | None = None
-    guided_choice: list | None = None
-    guided_grammar: str | None = None
-    structured_outputs: dict | None = None
 
 
 class CompletionRequest(_GenerationFields):

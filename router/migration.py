@@ -25,6 +25,8 @@ What it does not:
   splice as prompt tokens: repetition penalty treats them alike, presence and
   frequency penalties no longer see them.
 - logprobs of tokens before the splice are those already sent.
+- Structured output: the grammar continues after the tokens before the splice
+  (`resumed_output_tokens`), so the whole output still matches it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def resumed_request(original: GenerateRequest, delivered: list[int], attempt: in
     left = None if s.max_tokens is None else s.max_tokens - len(delivered)
     if left is not None and left <= 0:
         return None
-    sampling = dataclasses.replace(s, max_tokens=left, min_tokens=max(0, s.min_tokens - len(delivered)))
+    sampling = dataclasses.replace(s, max_tokens=left, min_tokens=max(0, s.min_tokens - len(delivered)),
+                                   resumed_output_tokens=s.resumed_output_tokens + len(delivered))  # fmt: skip
     return GenerateRequest(
         f"{original.request_id}.{attempt}",
         original.prompt_token_ids + tuple(delivered),

@@ -16,6 +16,7 @@ from output_text import TextOptions
 from router.api_models import _GenerationFields
 from router.errors import APIError, bad_request
 from router.serving import RunningRequest
+from router.structured_request import structured_from
 from wire.requests import SamplingSpec
 
 
@@ -27,10 +28,8 @@ def check_model(asked: str, served_name: str) -> None:
 
 
 # Fields Tandem cannot honour yet, and the values of each that ask for nothing.
-NOT_HONOURED = {"response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
-                "functions": (None, []), "function_call": (None, "none"), "prompt_logprobs": (None,),
-                "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
-                "structured_outputs": (None,)}  # fmt: skip
+NOT_HONOURED = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+                "function_call": (None, "none"), "prompt_logprobs": (None,)}  # fmt: skip
 
 
 def refuse_unsupported(body: _GenerationFields, **extra_defaults) -> None:
@@ -52,6 +51,7 @@ def sampling_from(body: _GenerationFields, logprobs: int | None, vocab_size: int
         repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, min_tokens=body.min_tokens,
         stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs,
+        structured=structured_from(body),
     )  # fmt: skip
 
 

@@ -32,6 +32,8 @@ class SamplingSpec:
     ignore_eos: bool = False
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
+    structured: tuple[str, str] | None = None  # (kind, spec): the grammar the output must match
+    resumed_output_tokens: int = 0  # the prompt's last N tokens are output of an earlier attempt
 
 
 @message

@@ -75,6 +75,7 @@ def test_resumed_request_continues_after_the_delivered_tokens():
     resumed = resumed_request(original, [9, 8, 7], attempt=2)
     assert resumed.request_id == "r-1.2" and resumed.prompt_token_ids == (1, 2, 3, 9, 8, 7)
     assert (resumed.sampling.max_tokens, resumed.sampling.min_tokens, resumed.sampling.seed) == (7, 1, 7)
+    assert resumed.sampling.resumed_output_tokens == 3  # a grammar continues after them
     assert resumed_request(original, list(range(10)), attempt=1) is None
 
 

@@ -1,0 +1,96 @@
+"""What a request's structured-output fields ask for, as the (kind, spec) pair workers constrain sampling
+with (`engine.structured_output`): OpenAI's `response_format` and vLLM's extensions, its `structured_outputs`
+object and the older `guided_*` fields.
+
+    response_format {"type": "json_schema", "json_schema": {"schema": S}}  -> ("json", S as JSON)
+    response_format {"type": "json_object"}                                -> ("json_object", "")
+    response_format {"type": "text"}, or nothing                          -> None
+    structured_outputs {"json": S} / {"regex": R} / {"choice": [..]} / {"grammar": G} / {"json_object": true}
+    guided_json S, guided_regex R, guided_choice [..], guided_grammar G
+
+At most one of them may be set. The router checks their shapes (400 naming the field); the grammar itself
+is compiled by the workers, whose refusal of an invalid schema, regex or grammar is a 400 too.
+"""
+
+from __future__ import annotations
+
+import json
+
+from router.api_models import _GenerationFields
+from router.errors import bad_request
+
+# vLLM's structured_outputs keys and the kind each asks for
+STRUCTURED_OUTPUTS_KEYS = {"json": "json", "regex": "regex", "choice": "choice", "grammar": "grammar",
+                           "json_object": "json_object"}  # fmt: skip
+
+
+def structured_from(body: _GenerationFields) -> tuple[str, str] | None:
+    """The one (kind, spec) the body asks for, or None; 400 for a malformed or doubled ask."""
+    asks = [ask for ask in (_from_response_format(body.response_format), _from_structured_outputs(body.structured_outputs),
+                            *_from_guided(body)) if ask is not None]  # fmt: skip
+    if len(asks) > 1:
+        fields = ", ".join(field for field, _ in asks)
+        raise bad_request(f"only one structured output may be asked for, got {fields}", asks[1][0])
+    return asks[0][1] if asks else None
+
+
+def _from_response_format(value: dict | None) -> tuple[str, tuple[str, str]] | None:
+    field = "response_format"
+    if value is None or value.get("type") == "text":
+        return None
+    kind = value.get("type")
+    if kind == "json_object":
+        return field, ("json_object", "")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise bad_request("response_format json_schema needs a json_schema object with a schema", field)
+        return field, ("json", _schema_text(spec["schema"], f"{field}.json_schema.schema"))
+    raise bad_request(f"response_format type must be text, json_object or json_schema, got {kind!r}", field)
+
+
+def _from_structured_outputs(value: dict | None) -> tuple[str, tuple[str, str]] | None:
+    field = "structured_outputs"
+    if not value:
+        return None
+    asked = {key: v for key, v in value.items() if v is not None and v is not False}
+    unknown = sorted(set(asked) - set(STRUCTURED_OUTPUTS_KEYS))
+    if unknown:
+        raise bad_request(f"structured_outputs: {', '.join(unknown)} is not supported; use one of "
+                          f"{', '.join(STRUCTURED_OUTPUTS_KEYS)}", field)  # fmt: skip
+    if len(asked) != 1:
+        raise bad_request("structured_outputs must ask for exactly one of " + ", ".join(STRUCTURED_OUTPUTS_KEYS), field)
+    key, spec = next(iter(asked.items()))
+    return field, _spec(STRUCTURED_OUTPUTS_KEYS[key], spec, f"{field}.{key}")
+
+
+def _from_guided(body: _GenerationFields) -> list[tuple[str, tuple[str, str]] | None]:
+    guided = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+    return [(field, _spec(kind, getattr(body, field), field)) if getattr(body, field) is not None else None
+            for field, kind in guided.items()]  # fmt: skip
+
+
+def _spec(kind: str, value, field: str) -> tuple[str, str]:
+    if kind == "json":
+        return kind, _schema_text(value, field)
+    if kind == "json_object":
+        return kind, ""
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise bad_request(f"{field} must be a non-empty list of non-empty strings", field)
+        return kind, json.dumps(value)
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{field} must be a non-empty string", field)
+    return kind, value
+
+
+def _schema_text(schema, field: str) -> str:
+    """A JSON schema as JSON text: given as an object, or as the text of one."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise bad_request(f"{field} is not valid JSON", field) from None
+    if not isinstance(schema, dict):
+        raise bad_request(f"{field} must be a JSON schema object", field)
+    return json.dumps(schema)
