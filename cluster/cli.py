@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 
 from cluster.spec import ClusterSpec, SpecError, load_spec, with_overrides
+from router.tool_parsers import PARSERS
 
 # flag dest -> spec field; a flag left unset keeps the spec's value
 _FLAG_FIELDS = {
@@ -45,6 +46,7 @@ _FLAG_FIELDS = {
     "api_key": "router.api_key",
     "max_request_body_bytes": "router.max_request_body_bytes",
     "max_predicted_ttft_s": "router.max_predicted_ttft_s",
+    "tool_call_parser": "router.tool_call_parser",
     "num_prefill": "prefill.replicas",
     "num_decode": "decode.replicas",
     "kv_transfer_failure": "kv_transfer_failure",
@@ -79,6 +81,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-request-body-bytes", type=int, help="larger HTTP bodies get 413 (default 8 MiB)")
     p.add_argument("--max-predicted-ttft-s", type=float,
                    help="refuse (429, Retry-After) a request whose first token is predicted later (default 60; 0: off)")
+    p.add_argument("--tool-call-parser", choices=sorted(PARSERS),
+                   help="how tool_choice auto reads tool calls in the model's output (default: auto is refused)")
 
 
 def _api_key_flag(parser, what: str) -> None:

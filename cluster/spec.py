@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from wire.liveness import LivenessPolicy
 from router.policy import POLICIES
+from router.tool_parsers import PARSERS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LIVENESS = LivenessPolicy()  # the defaults the router and the controller share
@@ -84,6 +85,14 @@ class RouterSpec(_Strict):
     max_predicted_ttft_s: float = Field(60.0, ge=0)  # 429 for a request predicted to wait longer (0: off)
     api_key: str = Field("", repr=False)  # "": the API is open; else /v1/* and /admin/* need it as a Bearer token
     max_request_body_bytes: int = Field(8 << 20, ge=1)
+    tool_call_parser: str = ""  # "": tool_choice auto is refused; else a name in router.tool_parsers.PARSERS
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        if name and name not in PARSERS:
+            raise ValueError(f"unknown tool call parser {name!r}: choose one of {', '.join(sorted(PARSERS))}")
+        return name
 
     @field_validator("routing_policy")
     @classmethod

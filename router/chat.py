@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import uuid
 from typing import AsyncIterator
 
 from fastapi import Request
@@ -13,6 +15,7 @@ from router.errors import bad_request
 from router.openai_common import (check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
                                   text_options_from)  # fmt: skip
 from router.served_model import ServedModel
+from router.tool_calls import ToolUse, messages_for_template, tool_use_from
 from router.serving import RequestRunner, RunningRequest
 
 
@@ -23,41 +26,89 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
     refuse_unsupported(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
-    prompt = model.encode_chat([m.model_dump(exclude_none=True) for m in body.messages])
+    tools = tool_use_from(body, model.tool_call_parser)
+    messages = messages_for_template([m.model_dump(exclude_none=True) for m in body.messages])
+    prompt = model.encode_chat(messages, tools=list(tools.tools) if tools else None)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = model.max_tokens_for(len(prompt), body.max_tokens_asked, param)
     sampling = sampling_from(body, (body.top_logprobs or 0) if body.logprobs else None, model.vocab_size)
+    if tools is not None and tools.structured is not None:
+        sampling = dataclasses.replace(sampling, structured=tools.structured)
     running = await runner.start([prompt], sampling, text_options_from(body), body.n, arrived, [max_tokens])
     rid, created = response_id("chatcmpl")
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return sse_response(running, _chunks(running, rid, created, model, body.logprobs, usage))
+        return sse_response(running, _chunks(running, rid, created, model, body.logprobs, usage, tools))
     choices = await collect(running, request)
     return JSONResponse(content=ChatCompletionResponse(
         id=rid, created=created, model=model.name, usage=running.usage(),
         choices=[
-            {"index": i, "message": {"role": "assistant", "content": c["text"]}, "finish_reason": c["finish_reason"],
+            {"index": i, **_message_and_finish(c["text"], c["finish_reason"], tools),
              "logprobs": _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs else None}
             for i, c in sorted(choices.items())
         ],
     ).model_dump())  # fmt: skip
 
 
+def _message_and_finish(text: str, finish_reason: str | None, tools: ToolUse | None) -> dict:
+    """A finished choice's message (content, and tool_calls where the output made calls) and finish reason."""
+    content, calls = tools.calls_in(text) if tools is not None else (text, [])
+    if not calls:
+        return {"message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}
+    finish = "tool_calls" if finish_reason == "stop" and tools.mode != "named" else finish_reason
+    return {"message": {"role": "assistant", "content": content, "tool_calls": calls}, "finish_reason": finish}
+
+
 async def _chunks(running: RunningRequest, rid: str, created: int, model: ServedModel, logprobs: bool,
-                  include_usage: bool) -> AsyncIterator[dict]:  # fmt: skip
+                  include_usage: bool, tools: ToolUse | None) -> AsyncIterator[dict]:  # fmt: skip
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model.name}
     for choice in running.choices:  # the assistant's turn opens before any content, as OpenAI streams it
         yield {**base, "choices": [{"index": choice.index, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}]}  # fmt: skip
+    deltas = {choice.index: ToolDeltas(tools) for choice in running.choices}
     async for update in running.updates():
         if not (update.text or update.final or (logprobs and update.token_ids)):
             continue
-        delta = {"content": update.text} if update.text else {}
-        choice = {"index": update.index, "delta": delta, "finish_reason": update.finish_reason,
+        delta, finish = deltas[update.index].delta(update.text, update.final, update.finish_reason)
+        choice = {"index": update.index, "delta": delta, "finish_reason": finish,
                   "logprobs": _logprobs(model, update.token_ids, update.logprobs) if logprobs else None}  # fmt: skip
         yield {**base, "choices": [choice]}
     if include_usage:
         yield {**base, "choices": [], "usage": running.usage()}
+
+
+class ToolDeltas:
+    """One streamed choice's deltas: its text as content, or a named call's arguments as they come, or (auto,
+    required) held until the choice ends and then sent as its tool calls, or its content if it made none."""
+
+    def __init__(self, tools: ToolUse | None):
+        self.tools, self.held, self.call_id = tools, "", None
+
+    def delta(self, text: str, final: bool, finish_reason: str | None) -> tuple[dict, str | None]:
+        tools = self.tools
+        if tools is None or tools.mode == "none":
+            return ({"content": text} if text else {}), finish_reason
+        if tools.mode == "named":
+            return self._arguments(text), finish_reason
+        self.held += text
+        if not final:
+            return {}, None
+        done = _message_and_finish(self.held, finish_reason, tools)
+        message = done["message"]
+        if "tool_calls" not in message:
+            return ({"content": message["content"]} if message["content"] else {}), done["finish_reason"]
+        calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        return {"tool_calls": calls, **({"content": message["content"]} if message["content"] else {})}, \
+            done["finish_reason"]
+
+    def _arguments(self, text: str) -> dict:
+        if not text:
+            return {}
+        if self.call_id is None:  # the call opens with its id and name, then its arguments arrive in pieces
+            self.call_id = f"call_{uuid.uuid4().hex[:24]}"
+            return {"tool_calls": [{"index": 0, "id": self.call_id, "type": "function",
+                                    "function": {"name": self.tools.name, "arguments": text}}]}  # fmt: skip
+        return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
 
 
 def _logprobs(model: ServedModel, token_ids: list[int], logprobs: list) -> dict:

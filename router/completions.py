@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from router.api_models import CompletionRequest
 from router.errors import bad_request
-from router.openai_common import (check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
+from router.openai_common import (CHAT_ONLY, check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
                                   text_options_from)  # fmt: skip
 from router.served_model import ServedModel
 from router.serving import RequestRunner, RunningRequest
@@ -20,7 +20,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     arrived = time.monotonic()
     model = runner.model
     check_model(body.model, model.name)
-    refuse_unsupported(body, echo=(False,), suffix=(None, ""), best_of=(None, body.n))
+    refuse_unsupported(body, echo=(False,), suffix=(None, ""), best_of=(None, body.n), **CHAT_ONLY)
     prompts = _prompt_ids(body.prompt, model)
     max_tokens = [model.max_tokens_for(len(p), body.max_tokens) for p in prompts]
     sampling = sampling_from(body, body.logprobs, model.vocab_size)

@@ -32,6 +32,7 @@ class RouterConfig:
     local_prefill: LocalPrefillRule = field(default_factory=LocalPrefillRule)
     stream_address: str = "tcp://127.0.0.1:0"  # the token stream's PULL (workers PUSH to it)
     chat_template: str | None = None  # a Jinja template; None -> the tokenizer's own
+    tool_call_parser: str | None = None  # how tool_choice "auto" reads calls in the output (router.tool_parsers)
     handoff: HandoffTimeouts = field(default_factory=HandoffTimeouts)
     # Watchdog: a request with no token for this long is resumed on other workers (ended once its resumes are
     # spent); longer than a KV transfer's deadline (120 s), which ends a stuck transfer first (0: off).

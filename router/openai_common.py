@@ -28,8 +28,9 @@ def check_model(asked: str, served_name: str) -> None:
 
 
 # Fields Tandem cannot honour yet, and the values of each that ask for nothing.
-NOT_HONOURED = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-                "function_call": (None, "none"), "prompt_logprobs": (None,)}  # fmt: skip
+NOT_HONOURED = {"functions": (None, []), "function_call": (None, "none"), "prompt_logprobs": (None,)}
+# Fields of chat completions only: refused on /v1/completions unless neutral.
+CHAT_ONLY = {"tools": (None, []), "tool_choice": (None, "none")}
 
 
 def refuse_unsupported(body: _GenerationFields, **extra_defaults) -> None:

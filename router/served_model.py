@@ -26,21 +26,23 @@ class ServedModel:
         self.vocab_size = len(self.tokenizer)
         self.max_model_len = config.max_model_len or _context_length(config.model_dir)
         self._chat_template = config.chat_template
+        self.tool_call_parser = config.tool_call_parser  # the model family's tool-call format
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The ids `tokenizer(text)["input_ids"]` gives, straight from the Rust tokenizer."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    add_special_tokens: bool = False) -> list[int]:  # fmt: skip
-        """The chat template applied (with the assistant's turn opened), then tokenized like the text it makes
-        (the template writes the special tokens itself)."""
+                    add_special_tokens: bool = False, tools: list[dict] | None = None) -> list[int]:  # fmt: skip
+        """The chat template applied (with the assistant's turn opened, and the `tools` it may call), then
+        tokenized like the text it makes (the template writes the special tokens itself)."""
         template = self._chat_template or getattr(self.tokenizer, "chat_template", None)
         if not template:
             raise bad_request(f"model {self.name} has no chat template; use /v1/completions", "messages")
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False
+                messages, chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False,
+                tools=tools or None,
             )
         except Exception as err:  # jinja raises its own types for messages a template rejects
             raise bad_request(f"the chat template rejected the messages: {err}", "messages") from None

@@ -51,6 +51,7 @@ def test_a_yaml_spec_reaches_engine_args_and_ray_options(tmp_path):
         ({"engine": {"num_kv_blocks": 8, "kv_cache_memory": 2**20}}, "engine: set kv_cache_memory or num_kv_blocks"),
         ({"router": {"routing_policy": "random"}}, "router.routing_policy: unknown routing policy 'random'"),
         ({"router": {"port": 70000}}, "router.port"),
+        ({"router": {"tool_call_parser": "mistral"}}, "router.tool_call_parser: unknown tool call parser 'mistral'"),
         ({"health": {"interval_s": 0}}, "health.interval_s"),
         ({"workers": 3}, "workers: unknown field"),
     ],
@@ -126,3 +127,11 @@ def test_the_routers_load_polls_give_up_on_a_worker_after_the_specs_heartbeat_ti
 
     spec = parse_spec({"model": tiny_model_dirs["llama"], "health": {"timeout_s": 42}})
     assert router_config(spec).worker_call_timeout_s == 42  # not the router's own 10 s default
+
+
+def test_the_tool_call_parser_flag_reaches_the_router(tiny_model_dirs):
+    from cluster.deployment import router_config
+
+    spec = spec_from_args(parse_args(["serve", "--model", tiny_model_dirs["llama"], "--tool-call-parser", "hermes"]))
+    assert router_config(spec).tool_call_parser == "hermes"
+    assert router_config(parse_spec({"model": tiny_model_dirs["llama"]})).tool_call_parser is None

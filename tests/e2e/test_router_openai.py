@@ -285,8 +285,8 @@ def test_logit_bias_steers_greedy_output_through_both_workers(served):
 
 def test_fields_not_honoured_yet_are_refused_naming_them_never_ignored(served):
     messages = [{"role": "user", "content": "Say hi"}]
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-    for field, value in (("tools", [tool]), ("tool_choice", "required")):
+    function = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+    for field, value in (("functions", [function]), ("function_call", "auto")):
         with pytest.raises(openai.BadRequestError) as refused:
             served.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, **{field: value})
         assert refused.value.body["param"] == field
