@@ -11,7 +11,7 @@ import dataclasses
 
 from decode_worker.records import DecodeRecord
 from engine.outputs import RequestOutput
-from runtime.engine_bridge import token_logprobs
+from runtime.engine_bridge import prompt_token_logprobs, token_logprobs
 from wire.requests import TokenDelta
 
 
@@ -21,10 +21,13 @@ def output_delta(out: RequestOutput, already_streamed: int = 0) -> TokenDelta | 
     new = out.new_token_ids[already_streamed:]
     if not new and not out.finished:
         return None
+    first_index = len(completion.token_ids) - len(new)
+    # The prompt's logprobs go with the first output token (none when prefill streamed that token).
+    prompt = prompt_token_logprobs(out.prompt_logprobs) if first_index == 0 and new else ()
     return TokenDelta(
-        out.request_id, len(completion.token_ids) - len(new), tuple(new), out.finished, completion.finish_reason,
+        out.request_id, first_index, tuple(new), out.finished, completion.finish_reason,
         len(out.prompt_token_ids), len(completion.token_ids), out.num_cached_tokens,
-        logprobs=token_logprobs(completion.logprobs, len(new)),
+        logprobs=token_logprobs(completion.logprobs, len(new)), prompt_logprobs=prompt,
     )  # fmt: skip
 
 
@@ -32,9 +35,10 @@ def spliced(delta: TokenDelta, num_spliced: int) -> TokenDelta:
     """An engine-numbered delta of a request recomputed after `num_spliced` streamed tokens, numbered as the whole."""
     if not num_spliced:
         return delta
+    # Its prompt logprobs would score the spliced tokens as prompt: the router had the prompt's from prefill.
     return dataclasses.replace(
         delta, first_index=delta.first_index + num_spliced, num_prompt_tokens=delta.num_prompt_tokens - num_spliced,
-        num_output_tokens=delta.num_output_tokens + num_spliced,
+        num_output_tokens=delta.num_output_tokens + num_spliced, prompt_logprobs=(),
     )  # fmt: skip
 
 

@@ -34,9 +34,10 @@ class KVCacheManager:
         """Longest run of cached full blocks that starts the request's tokens.
 
         At least one token is always left to compute, so the step that finishes
-        the prompt produces logits to sample from.
+        the prompt produces logits to sample from. A request that asks for its prompt's
+        logprobs gets no hits: every prompt token is computed (as vLLM does).
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
             return []
         self._extend_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size

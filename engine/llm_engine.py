@@ -224,11 +224,13 @@ class LLMEngine:
             for request_id in failed:
                 self.abort_request(request_id)
             raise EngineStepError(failed, err) from err
-        outputs = self._update(sched, sampled)
+        outputs = self._update(sched, sampled, batch.prompt_spans)
         self.prefill_meter.record(advanced, time.perf_counter() - started)
         return outputs
 
-    def _update(self, sched: SchedulerOutput, sampled) -> list[RequestOutput]:
+    def _update(self, sched: SchedulerOutput, sampled, prompt_spans=()) -> list[RequestOutput]:
+        for span, entries in zip(prompt_spans, sampled.prompt_logprobs):
+            sched.scheduled[span.index].request.prompt_logprobs.extend(entries)
         outputs, k = [], 0
         for s in sched.scheduled:
             req, samples = s.request, s.samples
@@ -273,6 +275,8 @@ class LLMEngine:
             stop_reason=req.stop_reason,
             logprobs=list(req.output_logprobs) if req.params.logprobs is not None else None,
         )
+        wants_prompt = req.params.prompt_logprobs is not None
+        prompt_logprobs = [None, *req.prompt_logprobs] if wants_prompt else None
         return RequestOutput(
             request_id=req.request_id,
             prompt=self._prompts.get(req.request_id),
@@ -281,6 +285,7 @@ class LLMEngine:
             finished=req.is_finished,
             num_cached_tokens=req.num_cached_tokens,
             new_token_ids=new_token_ids,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _forget(self, request_id: str) -> None:

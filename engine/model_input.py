@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.prompt_logprobs import PromptSpan, prompt_span
 from engine.sampler import SamplingState
 from engine.scheduler import ScheduledRequest
 
@@ -19,13 +20,14 @@ class ModelInput:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling] int64, last token of each sequence that samples
     sampling_states: list[SamplingState]  # one per sampling sequence, same order as logits_indices
+    prompt_spans: tuple[PromptSpan, ...] = ()  # rows that score prompt tokens (params.prompt_logprobs)
 
 
 def build_model_input(scheduled: list[ScheduledRequest], block_size: int, device: str) -> ModelInput:
     ids, positions, slots, tables = [], [], [], []
     query_start, seq_lens, logits_indices, states = [0], [], [], []
-    num_decodes = 0
-    for s in scheduled:
+    num_decodes, spans = 0, []
+    for index, s in enumerate(scheduled):
         req, start = s.request, s.request.num_computed_tokens
         end = start + s.num_new_tokens
         block_ids = np.fromiter((b.block_id for b in req.blocks), dtype=np.int64, count=len(req.blocks))
@@ -37,6 +39,10 @@ def build_model_input(scheduled: list[ScheduledRequest], block_size: int, device
         query_start.append(query_start[-1] + s.num_new_tokens)
         seq_lens.append(end)
         num_decodes += s.is_decode
+        top = req.params.prompt_logprobs
+        if top is not None and start < req.num_prompt_tokens:
+            span = prompt_span(index, query_start[-2], req.prompt_token_ids, start, end, top)
+            spans += [span] if span is not None else []
         if s.samples:
             logits_indices.append(query_start[-1] - 1)
             states.append(req.sampling)
@@ -58,6 +64,7 @@ def build_model_input(scheduled: list[ScheduledRequest], block_size: int, device
         meta=meta,
         logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
         sampling_states=states,
+        prompt_spans=tuple(spans),
     )
 
 

@@ -30,6 +30,7 @@ from engine.models import MODEL_REGISTRY
 from engine.parallel.group import SINGLE, TPGroup, destroy_tp_group, init_tp_group
 from engine.parallel.shard import num_kv_heads_per_rank
 from engine.parallel.step_broadcast import StepReceiver, StepSender
+from engine.prompt_logprobs import span_logprobs
 from engine.sampler import Sampler, SamplerOutput
 from engine.weight_loader import load_weights
 
@@ -99,7 +100,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def compute_logits(self, batch: ModelInput, attachment: bytes = b"", layer_done: LayerDone = None) -> torch.Tensor:
-        """Float32 logits of the sampling rows: [num_sampling, vocab_size].
+        """Float32 logits of the sampling rows: [num_sampling, vocab_size]."""
+        return self._hidden_and_logits(batch, attachment, layer_done)[1]
+
+    def _hidden_and_logits(self, batch: ModelInput, attachment: bytes, layer_done: LayerDone):
+        """Hidden states of every row, and float32 logits of the sampling rows.
 
         Tensor parallel: the followers get `attachment` with this step (see `step_broadcast`).
         Sampling always works in float32 (as vLLM's does); for bfloat16 models the
@@ -108,7 +113,7 @@ class ModelRunner:
         if self._sender is not None:
             self._sender.send(batch, attachment)  # the other ranks run this same forward with us
         hidden = self.forward(batch, layer_done)
-        return self.model.compute_logits(hidden[batch.logits_indices]).float()
+        return hidden, self.model.compute_logits(hidden[batch.logits_indices]).float()
 
     def receive_step(self) -> tuple[ModelInput, bytes] | None:
         """Ranks > 0: the batch rank 0 broadcast for the next step and its attachment; None when it shut down."""
@@ -123,7 +128,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ModelInput, attachment: bytes = b"", layer_done: LayerDone = None) -> SamplerOutput:
-        logits = self.compute_logits(batch, attachment, layer_done)
-        if not batch.sampling_states:
-            return SamplerOutput(token_ids=[], logprobs=[])
-        return self.sampler(logits, batch.sampling_states)
+        hidden, logits = self._hidden_and_logits(batch, attachment, layer_done)
+        out = self.sampler(logits, batch.sampling_states) if batch.sampling_states else SamplerOutput([], [])
+        out.prompt_logprobs = [span_logprobs(self.model.compute_logits, hidden, span) for span in batch.prompt_spans]
+        return out

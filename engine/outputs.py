@@ -34,3 +34,5 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     new_token_ids: list[int] = field(default_factory=list)  # produced in the step that returned this
+    # params.prompt_logprobs: one entry per prompt token (the first is None), once the prompt is computed
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

@@ -41,6 +41,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    # params.prompt_logprobs: one entry per prompt token computed so far (the first token's is None)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
     num_preemptions: int = 0

@@ -14,7 +14,7 @@ skips every stage above except logprobs and does a single batched argmax.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -90,10 +90,12 @@ class TokenLogprobs:
 
 @dataclass
 class SamplerOutput:
-    """One token per input row, and its logprobs where the request asked for them."""
+    """One token per input row, and its logprobs where the request asked for them; the runner adds the
+    step's prompt logprobs, one list per `ModelInput.prompt_spans` entry."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    prompt_logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
 
 
 class Sampler:

@@ -54,6 +54,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # per prompt token: its logprob (the first's is None) and this many top
     logit_bias: tuple[tuple[int, float], ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -117,7 +118,7 @@ class SamplingParams:
             object.__setattr__(self, name, _as_float(name, getattr(self, name)))
         for name in ("n", "top_k", "min_tokens", "resumed_output_tokens"):
             _require_int(name, getattr(self, name))
-        for name in ("seed", "max_tokens", "logprobs"):
+        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _require_int(name, getattr(self, name))
 
@@ -139,9 +140,10 @@ class SamplingParams:
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
                    f"must be <= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None:
-            _check(0 <= self.logprobs <= _MAX_LOGPROBS, "logprobs", self.logprobs,
-                   f"must be in [0, {_MAX_LOGPROBS}] or None")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(0 <= value <= _MAX_LOGPROBS, name, value, f"must be in [0, {_MAX_LOGPROBS}] or None")
         if self.seed is not None:
             _check(_SEED_MIN <= self.seed <= _SEED_MAX, "seed", self.seed,
                    "must fit in 64 bits")

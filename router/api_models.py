@@ -1,7 +1,7 @@
 """The OpenAI request and response bodies (pydantic), as the official client sends and reads them.
 
-Fields OpenAI (or vLLM) defines but Tandem cannot honour yet (tools, prompt
-logprobs) are declared here so that they are never silently
+Fields OpenAI (or vLLM) defines but Tandem does not honour (the deprecated
+`functions` and `function_call`) are declared here so that they are never silently
 dropped: accepted when left at their neutral values, refused (400 naming the
 field) otherwise (`router.openai_common.refuse_unsupported`). Unknown fields are
 ignored, as OpenAI's own server does for forward compatibility. A few vLLM
@@ -54,12 +54,14 @@ class _GenerationFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list | None = None
     guided_grammar: str | None = None
-    # Not honoured yet: refused unless neutral (see the module docstring).
+    # Tool calling (router.tool_calls), on chat completions.
     tools: list | None = None
     tool_choice: str | dict | None = None
+    # vLLM's: each prompt token's logprob and this many alternatives (router.prompt_echo), on completions.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    # Not honoured: refused unless neutral (see the module docstring).
     functions: list | None = None
     function_call: str | dict | None = None
-    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(_GenerationFields):

@@ -23,7 +23,7 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
     arrived = time.monotonic()
     model = runner.model
     check_model(body.model, model.name)
-    refuse_unsupported(body)
+    refuse_unsupported(body, prompt_logprobs=(None,))  # on /v1/completions only, so far
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     tools = tool_use_from(body, model.tool_call_parser)

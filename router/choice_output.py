@@ -26,6 +26,7 @@ class ChoiceUpdate:
     token_ids: list[int]
     logprobs: list[TokenLogprob]
     final: TokenDelta | None = None  # set on the choice's last update
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # once, when the request asked for them
 
     @property
     def finish_reason(self) -> str | None:
@@ -46,7 +47,8 @@ class ChoiceOutput:
             piece += self.text.finish()  # may itself find the stop string, in the exact text
         taken = self.text.num_tokens - before  # tokens past a stop string are never sent
         final = self._stopped(chunk) if self.text.stopped else chunk.final
-        return ChoiceUpdate(self.index, piece, chunk.token_ids[:taken], chunk.logprobs[:taken], final)
+        return ChoiceUpdate(self.index, piece, chunk.token_ids[:taken], chunk.logprobs[:taken], final,
+                            chunk.prompt_logprobs)  # fmt: skip
 
     def _stopped(self, chunk: OutputChunk) -> TokenDelta:
         n = self.text.num_tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import AsyncIterator
 
@@ -12,6 +13,7 @@ from router.api_models import CompletionRequest
 from router.errors import bad_request
 from router.openai_common import (CHAT_ONLY, check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
                                   text_options_from)  # fmt: skip
+from router.prompt_echo import echoed_logprobs, joined, prompt_logprobs_asked, prompt_texts, vllm_prompt_logprobs
 from router.served_model import ServedModel
 from router.serving import RequestRunner, RunningRequest
 
@@ -20,38 +22,64 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     arrived = time.monotonic()
     model = runner.model
     check_model(body.model, model.name)
-    refuse_unsupported(body, echo=(False,), suffix=(None, ""), best_of=(None, body.n), **CHAT_ONLY)
+    refuse_unsupported(body, suffix=(None, ""), best_of=(None, body.n), **CHAT_ONLY)
     prompts = _prompt_ids(body.prompt, model)
     max_tokens = [model.max_tokens_for(len(p), body.max_tokens) for p in prompts]
-    sampling = sampling_from(body, body.logprobs, model.vocab_size)
+    sampling = dataclasses.replace(sampling_from(body, body.logprobs, model.vocab_size),
+                                   prompt_logprobs=prompt_logprobs_asked(body))  # fmt: skip
     running = await runner.start(prompts, sampling, text_options_from(body), body.n, arrived, max_tokens)
     rid, created = response_id("cmpl")
+    echo = _Echo(body, prompts, prompt_texts(body.prompt, prompts, model) if body.echo else [], model)
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return sse_response(running, _chunks(running, rid, created, model, body.logprobs is not None, usage))
+        return sse_response(running, _chunks(running, rid, created, model, echo, usage))
     choices = await collect(running, request)
     # A `CompletionResponse` as a plain dict: building and dumping the pydantic model costs every request.
     return JSONResponse(content={
         "id": rid, "object": "text_completion", "created": created, "model": model.name,
-        "choices": [
-            {"index": i, "text": c["text"],
-             "logprobs": _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs is not None else None,
-             "finish_reason": c["finish_reason"]}
-            for i, c in sorted(choices.items())
-        ],
+        "choices": [{"index": i, **echo.choice(i, c["text"], c["token_ids"], c["logprobs"], c["prompt_logprobs"]),
+                     "finish_reason": c["finish_reason"]}
+                    for i, c in sorted(choices.items())],
         "usage": running.usage(),
     })  # fmt: skip
 
 
-async def _chunks(running: RunningRequest, rid: str, created: int, model: ServedModel, logprobs: bool,
+class _Echo:
+    """A choice's text and logprobs as the body asked: with the prompt's before them (`echo`), and vLLM's
+    `prompt_logprobs` beside them. Choice i answers prompt i // n."""
+
+    def __init__(self, body: CompletionRequest, prompts: list[list[int]], texts: list[str], model: ServedModel):
+        self.body, self.prompts, self.texts, self.model = body, prompts, texts, model
+        self.echoed: set[int] = set()  # streamed choices whose prompt went out
+
+    def choice(self, index: int, text: str, token_ids: list[int], logprobs: list, prompt_entries) -> dict:
+        body, model = self.body, self.model
+        prompt = self.prompts[index // body.n]
+        out = {"text": text, "logprobs": _logprobs(model, token_ids, logprobs) if body.logprobs is not None else None}
+        if body.echo and index not in self.echoed:
+            self.echoed.add(index)
+            out["text"] = self.texts[index // body.n] + text
+            if body.logprobs is not None:
+                out["logprobs"] = joined(echoed_logprobs(model, prompt, prompt_entries, body.logprobs), out["logprobs"])
+        if body.prompt_logprobs is not None and prompt_entries:
+            out["prompt_logprobs"] = vllm_prompt_logprobs(model, prompt, prompt_entries, body.prompt_logprobs)
+        return out
+
+    def pending(self, index: int) -> bool:
+        """Whether a streamed choice still owes its prompt (its first chunk goes out even without new text)."""
+        return self.body.echo and index not in self.echoed
+
+
+async def _chunks(running: RunningRequest, rid: str, created: int, model: ServedModel, echo: _Echo,
                   include_usage: bool) -> AsyncIterator[dict]:  # fmt: skip
     base = {"id": rid, "object": "text_completion", "created": created, "model": model.name}
+    logprobs = echo.body.logprobs is not None
     async for update in running.updates():
-        if not (update.text or update.final or (logprobs and update.token_ids)):
+        if not (update.text or update.final or (logprobs and update.token_ids) or echo.pending(update.index)
+                or update.prompt_logprobs):  # fmt: skip
             continue  # text held back (a possible stop string): nothing to show yet
-        choice = {"index": update.index, "text": update.text, "finish_reason": update.finish_reason,
-                  "logprobs": _logprobs(model, update.token_ids, update.logprobs) if logprobs else None}  # fmt: skip
-        yield {**base, "choices": [choice]}
+        parts = echo.choice(update.index, update.text, update.token_ids, update.logprobs, update.prompt_logprobs)
+        yield {**base, "choices": [{"index": update.index, **parts, "finish_reason": update.finish_reason}]}
     if include_usage:
         yield {**base, "choices": [], "usage": running.usage()}
 

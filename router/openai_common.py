@@ -28,7 +28,7 @@ def check_model(asked: str, served_name: str) -> None:
 
 
 # Fields Tandem cannot honour yet, and the values of each that ask for nothing.
-NOT_HONOURED = {"functions": (None, []), "function_call": (None, "none"), "prompt_logprobs": (None,)}
+NOT_HONOURED = {"functions": (None, []), "function_call": (None, "none")}
 # Fields of chat completions only: refused on /v1/completions unless neutral.
 CHAT_ONLY = {"tools": (None, []), "tool_choice": (None, "none")}
 
@@ -125,9 +125,11 @@ async def collect(running: RunningRequest, request: Request) -> dict[int, dict]:
 
 
 async def _gather(running: RunningRequest) -> dict[int, dict]:
-    out = {c.index: {"text": "", "logprobs": [], "token_ids": [], "finish_reason": None} for c in running.choices}
+    out = {c.index: {"text": "", "logprobs": [], "token_ids": [], "finish_reason": None, "prompt_logprobs": ()}
+           for c in running.choices}  # fmt: skip
     async for update in running.updates():
         choice = out[update.index]
+        choice["prompt_logprobs"] = update.prompt_logprobs or choice["prompt_logprobs"]
         choice["text"] += update.text
         choice["logprobs"] += update.logprobs
         choice["token_ids"] += update.token_ids

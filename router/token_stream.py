@@ -48,6 +48,8 @@ class OutputChunk:
     # Prompt tokens found cached, as the workers last said: what a final delta the router makes
     # itself (at a stop string, `router.choice_output`) reports.
     num_cached_tokens: int = 0
+    # The prompt's logprobs (first entry None), on the chunk that first has them, when asked for.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
 
 class RequestOutputs:
@@ -65,6 +67,8 @@ class RequestOutputs:
         self._attempt = 0  # items queued by an earlier attempt are dropped
         self._offset = 0  # tokens handed out before this attempt began: its index 0 is our `_offset`
         self._num_cached = 0  # the whole request's, from the latest delta that counted them
+        self._prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # the first attempt's, until handed out
+        self._prompt_logprobs_taken = False
         self.delivered: list[int] = []  # every token id handed out, in order
         self.last_activity = time.monotonic()  # when a delta last arrived (the watchdog reads it)
         # Called (on the consumer's task) with a `resumable` final delta instead of ending the stream:
@@ -96,7 +100,7 @@ class RequestOutputs:
             while not self._queue.empty():
                 self._add(*self._queue.get_nowait())
             chunk = self._take_ready()
-            if chunk.token_ids or chunk.final is not None:
+            if chunk.token_ids or chunk.final is not None or chunk.prompt_logprobs:
                 yield chunk
             if chunk.final is not None:
                 return
@@ -111,6 +115,9 @@ class RequestOutputs:
             index = self._offset + item.first_index + i
             if index >= self._next:
                 self._tokens.setdefault(index, (token, logprob))  # the first to arrive is the one shown
+        if item.prompt_logprobs and not self._offset and not self._prompt_logprobs:
+            # Only a prompt no output was added to scores the request's own prompt; the first to arrive is kept.
+            self._prompt_logprobs = item.prompt_logprobs
         if item.num_prompt_tokens:  # prefill's first-token delta counts nothing
             self._num_cached = self._as_whole_request(item).num_cached_tokens
         if item.finished and item.resumable and self.on_given_up is not None:
@@ -137,6 +144,8 @@ class RequestOutputs:
             if logprob is not None:
                 chunk.logprobs.append(logprob)
             self._next += 1
+        if self._prompt_logprobs and not self._prompt_logprobs_taken:
+            chunk.prompt_logprobs, self._prompt_logprobs_taken = self._prompt_logprobs, True
         self.delivered += chunk.token_ids
         if self._final is not None and self._next >= self._final.num_output_tokens:
             chunk.final = self._final

@@ -49,3 +49,10 @@ def token_logprobs(entries: list | None, last: int) -> tuple[TokenLogprob, ...]:
         return ()
     # None: a token sampled elsewhere (decode's copy of prefill's first token); never among the streamed ones.
     return tuple(TokenLogprob(e.logprob, e.top) if e is not None else TokenLogprob(float("nan")) for e in entries[-last:])
+
+
+def prompt_token_logprobs(entries: list | None) -> tuple[TokenLogprob | None, ...]:
+    """The wire form of an engine output's prompt logprobs (first entry None); () when not asked for."""
+    if not entries:
+        return ()
+    return tuple(TokenLogprob(e.logprob, e.top, e.rank) if e is not None else None for e in entries)

@@ -31,6 +31,7 @@ class SamplingSpec:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
     structured: tuple[str, str] | None = None  # (kind, spec): the grammar the output must match
     resumed_output_tokens: int = 0  # the prompt's last N tokens are output of an earlier attempt
@@ -94,10 +95,12 @@ class PrefillFailed:
 
 @message
 class TokenLogprob:
-    """One output token's logprob under the raw distribution, and the top alternatives (token id, logprob)."""
+    """One token's logprob under the raw distribution, and the top alternatives (token id, logprob); `rank`
+    (1 + the tokens more likely) is given for prompt tokens."""
 
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int = 0
 
 
 @message
@@ -116,6 +119,9 @@ class TokenDelta:
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the request asked for logprobs
     # An abort the worker could not help (its step failed): another worker may resume the request.
     resumable: bool = False
+    # With the first output token, when the request asked for prompt logprobs: one per prompt token, the
+    # first None (nothing precedes it to score it).
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
 
 @message
