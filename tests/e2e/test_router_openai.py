@@ -290,8 +290,9 @@ def test_fields_not_honoured_yet_are_refused_naming_them_never_ignored(served):
         with pytest.raises(openai.BadRequestError) as refused:
             served.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, **{field: value})
         assert refused.value.body["param"] == field
-    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
-        served.client.completions.create(model=MODEL, prompt=[5, 17], max_tokens=2, extra_body={"prompt_logprobs": 1})
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):  # on completions only, so far
+        served.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
+                                              extra_body={"prompt_logprobs": 1})  # fmt: skip
     # Their neutral values ask for nothing and are served.
     out = served.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, tool_choice="none",
                                                 response_format={"type": "text"}, tools=[])  # fmt: skip
