@@ -45,6 +45,7 @@ from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ShardEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, ReserveRefused, WorkerLoad
 from runtime.rank_links import RankLinks
 from wire.push_pull import PullSocket, Pushers
+from runtime.arrival_window import ArrivalWindow
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
@@ -74,6 +75,7 @@ class DecodeWorker(RequestTable):
         self.ranks: RankLinks | None = None  # tensor parallel: the follower ranks' receivers
         super().__init__()  # self.records: request id -> DecodeRecord, oldest first (admission order)
         self.lease = RouterLease(board, config.router_lease_s)
+        self.window = ArrivalWindow(config.arrival_window)  # holds an idle engine's first step for a burst
         self.calls.update(reserve=self.reserve, abort=self.abort, attach_followers=self.attach_followers)
 
     # ---- messages to the loop ------------------------------------------------
@@ -97,6 +99,7 @@ class DecodeWorker(RequestTable):
             params = sampling_params(request.sampling)
             if request.local_prefill or count_uncached_tokens(self.engine, prompt) < self.config.local_prefill_threshold:
                 self.engine.add_request(rid, prompt, params)
+                self.window.queued(self.engine)
                 self.records[rid] = DecodeRecord(rid, request.stream_address, len(prompt), Phase.RUNNING)
                 return call.answer(DecodeReservation(rid, prefill_locally=True))
             res = reserve_remote_kv(self.engine, rid, prompt, params)
@@ -143,7 +146,10 @@ class DecodeWorker(RequestTable):
         self._admit_ready()
 
     def has_work(self) -> bool:
-        return self.engine.has_unfinished_requests()
+        return self.window.lets_step(self.engine)
+
+    def next_deadline(self) -> float | None:
+        return self.window.deadline(super().next_deadline())
 
     def step(self) -> bool:
         try:

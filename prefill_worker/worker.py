@@ -34,6 +34,7 @@ from engine.outputs import RequestOutput
 from engine.remote_kv import add_prefill_request, release_blocks
 from engine.scheduler import SchedulerOutput
 from wire.codec import decode, encode
+from runtime.arrival_window import ArrivalWindow
 from runtime.engine_bridge import prompt_token_logprobs, sampling_params, token_logprobs
 from kvtransfer.faults import TransportFaults
 from wire.ranks import DropShard, RankAck, RankEndpoint, ShardOrder, ShardOrders
@@ -68,6 +69,7 @@ class PrefillWorker(RequestTable):
         self.ranks: RankLinks | None = None  # tensor parallel: the follower ranks' senders
         super().__init__()  # self.records: request id -> PrefillRecord
         self.lease = RouterLease(board, config.router_lease_s)
+        self.window = ArrivalWindow(config.arrival_window)  # holds an idle engine's first step for a burst
         self._sending_now: tuple[str, ...] = ()  # requests whose transfers the forward under way feeds
         self.calls.update(prefill=self.prefill, abort=self.abort, attach_followers=self.attach_followers)
         engine.kv_connector = self
@@ -88,6 +90,7 @@ class PrefillWorker(RequestTable):
         req = add_prefill_request(self.engine, request.request_id, list(request.prompt_token_ids),
                                   sampling_params(request.sampling))  # fmt: skip
         self.records[request.request_id] = PrefillRecord(task, req)
+        self.window.queued(self.engine)
         call.answer(None)
 
     def abort(self, call: Call) -> None:
@@ -128,7 +131,10 @@ class PrefillWorker(RequestTable):
                 self._transfer_ended(msg.request_id, msg.rank, msg.peer, msg.kind, msg.reason)
 
     def has_work(self) -> bool:
-        return self.engine.has_unfinished_requests()
+        return self.window.lets_step(self.engine)
+
+    def next_deadline(self) -> float | None:
+        return self.window.deadline(super().next_deadline())
 
     def step(self) -> bool:
         try:

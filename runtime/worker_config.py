@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvtransfer.connector import TransferTimeouts
+from runtime.arrival_window import ArrivalWindowConfig
 
 # `host` value: bind on this node's Ray address (resolved in the actor, on its node), so that a router,
 # prefill workers or follower ranks on other machines reach the sockets.
@@ -20,6 +21,8 @@ class WorkerConfig:
     host: str = "127.0.0.1"
     rank_ack_timeout_s: float = 10.0  # tensor parallel: a follower that does not acknowledge is given up on
     router_lease_s: float = 60.0  # no control call for this long: the router is gone, end what we hold
+    # An idle engine's first step waits a few ms while a burst of prompts keeps arriving (runtime.arrival_window).
+    arrival_window: ArrivalWindowConfig = ArrivalWindowConfig()
 
     @property
     def bind_address(self) -> str:

@@ -142,3 +142,24 @@ def test_transfer_that_cannot_start_follows_the_kv_transfer_failure_policy(tiny_
     else:  # decode prefilled the prompt itself
         assert result.token_ids == hf_greedy(model_dir, PROMPTS["mid"], 8)
         assert (result.final.finish_reason, result.final.num_output_tokens) == ("length", 8)
+
+
+@pytest.mark.parametrize("hold_s, steps", [(0.5, 8), (0.0, None)], ids=["held", "not_held"])
+def test_a_burst_of_local_prompts_is_prefilled_in_one_step_when_the_window_holds(tiny_model_dirs, hold_s, steps):
+    """Colocated (every prompt prefilled on decode): prompts reaching an idle engine within the arrival
+    window share its first step, so 8 tokens each take 8 steps; with no window the first one goes alone."""
+    from runtime.arrival_window import ArrivalWindowConfig
+
+    model_dir = tiny_model_dirs["llama"]
+    config = DecodeWorkerConfig(local_prefill_threshold=1 << 20,
+                                arrival_window=ArrivalWindowConfig(quiet_s=hold_s, max_hold_s=2 * hold_s))  # fmt: skip
+    prompts = {rid: PROMPTS[rid] for rid in ("tiny", "one-block", "mid", "long")}
+    with _workers(model_dir, decode_config=config) as (decode, prefill, stream):
+        results, reservations = run_requests(stream, prompts, lambda i: (decode, None))
+        taken = decode.load().steps
+    assert all(r.prefill_locally for r in reservations.values())
+    assert all(results[rid].token_ids == hf_greedy(model_dir, prompt, 8) for rid, prompt in prompts.items())
+    if steps is not None:
+        assert taken == steps
+    else:
+        assert taken > 8
