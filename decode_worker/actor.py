@@ -9,6 +9,8 @@ in-process).
 
 from __future__ import annotations
 
+import logging
+
 from decode_worker.follower import DecodeFollower
 from decode_worker.kv_receiving import KVReceiving
 from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
@@ -22,6 +24,8 @@ from runtime.actor import ACTOR_OPTIONS, WorkerActor
 from runtime.control_service import ControlService, payload_of, request_id_arg
 from runtime.io_thread import IOThread
 
+logger = logging.getLogger("tandem.worker")
+
 # The router's calls a decode worker's control socket takes (load is answered by the socket itself).
 DECODE_CALLS = {"reserve": payload_of(GenerateRequest), "abort": request_id_arg}
 
@@ -31,6 +35,8 @@ def decode_worker_maker(engine_args: EngineArgs, config: DecodeWorkerConfig):
 
     def make(board, deliver) -> DecodeWorker:
         engine = LLMEngine.from_args(engine_args, show_progress=False)
+        if engine.config.parallel.tp_size == 1:
+            logger.info("%s: warmed up in %.2fs", config.name, engine.warm_up())
         spec, tp_size = kv_spec_for(engine.config), engine.config.parallel.tp_size
 
         def services(io: IOThread) -> list:

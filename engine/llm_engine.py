@@ -158,6 +158,21 @@ class LLMEngine:
     def from_args(cls, args: EngineArgs, **kwargs) -> "LLMEngine":
         return cls(args.create_engine_config(), **kwargs)
 
+    def warm_up(self) -> float:
+        """One full step of dummy prompt tokens (the batched-token budget), then nothing of it is kept but the
+        prefix cache's blocks of it; returns its seconds. A fresh process's first step at a shape pays
+        one-time costs (oneDNN primitives, first-touched pages): measured 766 ms for the first 2048-token
+        step against 650 ms for the next, and 0.98 s against 0.7 s inside a serving worker. Serving workers
+        call this before they take requests (tensor-parallel ones do not: their followers are not attached
+        yet)."""
+        start = time.perf_counter()
+        tokens = min(self.config.scheduler.max_num_batched_tokens, self.max_model_len - 1)
+        self.add_request("warm-up", {"prompt_token_ids": [0] * tokens},
+                         SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))  # fmt: skip
+        while self.has_unfinished_requests():
+            self.step()
+        return time.perf_counter() - start
+
     def shutdown(self) -> None:
         """Tensor parallel: stop the follower ranks' loops and leave the group. A no-op at tp_size 1."""
         self.runner.shutdown()

@@ -9,6 +9,8 @@ in-process).
 
 from __future__ import annotations
 
+import logging
+
 from engine.llm_engine import EngineArgs, LLMEngine
 from runtime.ray_group import TPActors, start_tp_actors
 from runtime.engine_bridge import kv_spec_for
@@ -22,6 +24,8 @@ from runtime.actor import ACTOR_OPTIONS, WorkerActor
 from runtime.control_service import ControlService, payload_of, request_id_arg
 from runtime.io_thread import IOThread
 
+logger = logging.getLogger("tandem.worker")
+
 # The router's calls a prefill worker's control socket takes (load is answered by the socket itself).
 PREFILL_CALLS = {"prefill": payload_of(PrefillTask), "abort": request_id_arg}
 
@@ -31,6 +35,8 @@ def prefill_worker_maker(engine_args: EngineArgs, config: PrefillWorkerConfig):
 
     def make(board, deliver) -> PrefillWorker:
         engine = LLMEngine.from_args(engine_args, skip_tokenizer_init=True, show_progress=False)
+        if engine.config.parallel.tp_size == 1:
+            logger.info("%s: warmed up in %.2fs", config.name, engine.warm_up())
         model, tp_size = engine.config.model, engine.config.parallel.tp_size
 
         def services(io: IOThread) -> list:

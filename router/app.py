@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.routing import Match
 
 from router.api_models import (
     ChatCompletionRequest,
@@ -137,7 +138,10 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
 
 
 class _StatusCounter:
-    """Pure ASGI middleware (streams pass through untouched): counts each response's status by endpoint."""
+    """Pure ASGI middleware (streams pass through untouched): counts each response's status by endpoint.
+
+    The endpoint label is the route's template, and every path no route serves is one label ("unmatched"):
+    labelling the raw path would let any client grow /metrics without bound."""
 
     def __init__(self, app, metrics: RouterMetrics):
         self.app, self.metrics = app, metrics
@@ -148,7 +152,16 @@ class _StatusCounter:
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
-                self.metrics.http.labels(scope["path"], str(message["status"])).inc()
+                self.metrics.http.labels(_endpoint(scope), str(message["status"])).inc()
             await send(message)
 
         await self.app(scope, receive, counting_send)
+
+
+def _endpoint(scope) -> str:
+    """The template of the route that serves this request's path (any method), or "unmatched"."""
+    for route in scope["app"].router.routes:
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:  # PARTIAL: the path, another method (a 405 on that route)
+            return route.path
+    return "unmatched"

@@ -145,6 +145,14 @@ def test_models_health_metrics_and_openapi(served):
                  'tandem:kv_cache_usage_perc{role="decode",worker="decode-0"}', "tandem:prefix_cache_hits_total",
                  'tandem:http_requests_total{endpoint="/v1/completions",status="200"}'):  # fmt: skip
         assert name in metrics, name
+    # Paths no route serves are one label: random paths cannot grow /metrics.
+    for i in range(200):
+        assert httpx.get(f"{served.server.url}/no/such/path-{i}").status_code == 404
+    after = httpx.get(f"{served.server.url}/metrics").text
+    assert 'tandem:http_requests_total{endpoint="unmatched",status="404"} 200.0' in after
+    assert "path-" not in after and len(after) < len(metrics) + 1000
+    assert httpx.get(f"{served.server.url}/v1/completions").status_code == 405  # its route, another method
+    assert 'endpoint="/v1/completions",status="405"' in httpx.get(f"{served.server.url}/metrics").text
 
 
 def _error(response: httpx.Response, status: int) -> dict:
