@@ -80,7 +80,7 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
                             config.max_predicted_ttft_s)  # fmt: skip
     admission = Admission(config.max_in_flight, config.retry_after_s)
     metrics.in_flight.set_function(lambda: admission.in_use)
-    runner = RequestRunner(dispatcher, ServedModel(config), admission, metrics)
+    runner = RequestRunner(dispatcher, ServedModel(config), admission, metrics, config.limits)
     state = RouterState(config, registry, dispatcher, runner, metrics, int(time.time()))
 
     @contextlib.asynccontextmanager

@@ -14,6 +14,7 @@ from router.api_models import ChatCompletionRequest, ChatCompletionResponse
 from router.errors import bad_request
 from router.openai_common import (check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
                                   text_options_from)  # fmt: skip
+from router.limits import check_limits
 from router.served_model import ServedModel
 from router.tool_calls import ToolUse, messages_for_template, tool_use_from
 from router.serving import RequestRunner, RunningRequest
@@ -24,6 +25,7 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
     model = runner.model
     check_model(body.model, model.name)
     refuse_unsupported(body, prompt_logprobs=(None,))  # on /v1/completions only, so far
+    check_limits(body, runner.limits)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     tools = tool_use_from(body, model.tool_call_parser)

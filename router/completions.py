@@ -13,6 +13,7 @@ from router.api_models import CompletionRequest
 from router.errors import bad_request
 from router.openai_common import (CHAT_ONLY, check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
                                   text_options_from)  # fmt: skip
+from router.limits import check_limits
 from router.prompt_echo import echoed_logprobs, joined, prompt_logprobs_asked, prompt_texts, vllm_prompt_logprobs
 from router.served_model import ServedModel
 from router.serving import RequestRunner, RunningRequest
@@ -23,6 +24,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     model = runner.model
     check_model(body.model, model.name)
     refuse_unsupported(body, suffix=(None, ""), best_of=(None, body.n), **CHAT_ONLY)
+    check_limits(body, runner.limits, _num_prompts(body.prompt))
     prompts = _prompt_ids(body.prompt, model)
     max_tokens = [model.max_tokens_for(len(p), body.max_tokens) for p in prompts]
     sampling = dataclasses.replace(sampling_from(body, body.logprobs, model.vocab_size),
@@ -82,6 +84,11 @@ async def _chunks(running: RunningRequest, rid: str, created: int, model: Served
         yield {**base, "choices": [{"index": update.index, **parts, "finish_reason": update.finish_reason}]}
     if include_usage:
         yield {**base, "choices": [], "usage": running.usage()}
+
+
+def _num_prompts(prompt) -> int:
+    """How many prompts `prompt` holds, without tokenizing any (one string or token-id list, or a list)."""
+    return len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
 
 
 def _prompt_ids(prompt, model: ServedModel) -> list[list[int]]:

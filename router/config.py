@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from router.handoff import HandoffTimeouts
 from wire.liveness import LivenessPolicy
 from wire.socket_security import ClusterKey
+from router.limits import RequestLimits
 from router.local_prefill import LocalPrefillRule
 
 
@@ -40,6 +41,7 @@ class RouterConfig:
     max_resumes: int = 3  # a request whose worker died is resumed elsewhere at most this many times
     api_key: str | None = field(default=None, repr=False)  # set: /v1/* and /admin/* need `Authorization: Bearer <key>`
     max_request_body_bytes: int = 8 << 20  # a larger HTTP body is refused (413)
+    limits: RequestLimits = field(default_factory=RequestLimits)  # work one request may ask for (400 beyond)
     # Workers authenticate to the token stream with it (None: this process's TANDEM_CLUSTER_KEY, if any).
     cluster_key: ClusterKey | None = field(default=None, repr=False)
 

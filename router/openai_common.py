@@ -46,6 +46,8 @@ def sampling_from(body: _GenerationFields, logprobs: int | None, vocab_size: int
     """The wire sampling parameters (max_tokens and seed are set per sequence later)."""
     if body.max_tokens_asked is not None and body.min_tokens > body.max_tokens_asked:
         raise bad_request("min_tokens must not exceed max_tokens", "min_tokens")
+    if any(not 0 <= t < vocab_size for t in body.stop_token_ids or ()):
+        raise bad_request(f"stop_token_ids must be in [0, {vocab_size})", "stop_token_ids")
     return SamplingSpec(
         logit_bias=logit_bias_from(body.logit_bias or {}, vocab_size),
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,

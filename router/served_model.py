@@ -28,9 +28,13 @@ class ServedModel:
         self._chat_template = config.chat_template
         self.tool_call_parser = config.tool_call_parser  # the model family's tool-call format
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """The ids `tokenizer(text)["input_ids"]` gives, straight from the Rust tokenizer."""
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        """The ids `tokenizer(text)["input_ids"]` gives, straight from the Rust tokenizer; 400 for text it
+        cannot take (a lone surrogate such as "\\ud800", which JSON can carry and UTF-8 cannot)."""
+        try:
+            return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:  # the tokenizer's words for a str that is not valid Unicode
+            raise bad_request("the text is not valid Unicode (a lone surrogate?)", param) from None
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     add_special_tokens: bool = False, tools: list[dict] | None = None) -> list[int]:  # fmt: skip
@@ -46,12 +50,14 @@ class ServedModel:
             )
         except Exception as err:  # jinja raises its own types for messages a template rejects
             raise bad_request(f"the chat template rejected the messages: {err}", "messages") from None
-        return self.encode(text, add_special_tokens=add_special_tokens)
+        return self.encode(text, add_special_tokens=add_special_tokens, param="messages")
 
     def check_ids(self, token_ids: list[int], param: str = "prompt") -> None:
         vocab = self.vocab_size
         if not token_ids:
             raise bad_request("the prompt is empty", param)
+        if len(token_ids) >= self.max_model_len:  # before the scan: a huge list is refused for its length alone
+            self.max_tokens_for(len(token_ids), None)
         if any(not 0 <= t < vocab for t in token_ids):
             raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
 

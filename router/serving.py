@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from output_text import TextOptions
+from router.limits import RequestLimits
 from router.choice_output import ChoiceOutput, ChoiceUpdate
 from router.dispatch import Dispatcher, Generation
 from router.errors import APIError, from_dispatch, internal_error
@@ -132,8 +133,10 @@ class RunningRequest:
 
 
 class RequestRunner:
-    def __init__(self, dispatcher: Dispatcher, model: ServedModel, admission: Admission, metrics: RouterMetrics):
+    def __init__(self, dispatcher: Dispatcher, model: ServedModel, admission: Admission, metrics: RouterMetrics,
+                 limits: RequestLimits = RequestLimits()):  # fmt: skip
         self.dispatcher, self.model, self.admission, self.metrics = dispatcher, model, admission, metrics
+        self.limits = limits  # checked by the endpoints before any work (router.limits)
 
     async def start(self, prompts: list[list[int]], sampling: SamplingSpec, text: TextOptions, n: int,
                     arrived: float, max_tokens: list[int]) -> RunningRequest:  # fmt: skip

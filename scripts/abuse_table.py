@@ -1,0 +1,113 @@
+"""The abuse table of RELIABILITY.md: hostile request bodies against `tandem serve` with its defaults, each
+sent while a streamed request runs beside it; what each is answered, how fast, and how long the stream
+beside it went without a token meanwhile.
+
+    python scripts/abuse_table.py            # replaces the table between the abuse markers of RELIABILITY.md
+
+tests/e2e/test_request_limits.py sends the same bodies (`ABUSE`) to a router over a tiny model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_loads import SERVED_NAME, restarts, tandem_serve  # noqa: E402
+from bench_report import git_commit, machine_line  # noqa: E402
+
+# name -> (body without model and max_tokens, the field its 400 names)
+ABUSE = {
+    "100,000 stop strings": ({"prompt": "hi", "stop": [f"s{i}" for i in range(100_000)]}, "stop"),
+    "a stop string of 5,000 characters": ({"prompt": "hi", "stop": ["x" * 5000]}, "stop"),
+    "100,000 stop token ids": ({"prompt": "hi", "stop_token_ids": list(range(100_000))}, "stop_token_ids"),
+    "a stop token id past the vocabulary": ({"prompt": "hi", "stop_token_ids": [10**6]}, "stop_token_ids"),
+    "5,000 prompts": ({"prompt": ["hi"] * 5000}, "prompt"),
+    "100 prompts x n 100": ({"prompt": ["hi"] * 100, "n": 100}, "n"),
+    "a token-id prompt of 1,000,000 ids (6.8 MiB)": ({"prompt": [7] * 1_000_000}, "prompt"),
+    "a lone surrogate in the prompt": ({"prompt": "a\ud800b"}, "prompt"),
+    "n 100,000": ({"prompt": "hi", "n": 100_000}, "n"),
+    "5,000 logit_bias entries": ({"prompt": "hi", "logit_bias": {str(i): 1 for i in range(5000)}}, "logit_bias"),
+}
+DEEP_JSON = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+MARKERS = ("<!-- abuse:latest -->", "<!-- /abuse:latest -->")
+
+
+def post(url: str, body: dict | bytes, model: str) -> tuple[int, str, float]:
+    """(status, the error's param or "", seconds to the answer)."""
+    content = body if isinstance(body, bytes) else json.dumps({"model": model, "max_tokens": 2, **body}).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", data=content, headers={"content-type": "application/json"})
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, "", time.perf_counter() - start
+    except urllib.error.HTTPError as err:
+        took = time.perf_counter() - start
+        return err.code, (json.loads(err.read()).get("error") or {}).get("param") or "", took
+
+
+class Stream(threading.Thread):
+    """A streamed completion beside the abuse: the times its chunks arrived."""
+
+    def __init__(self, url: str, model: str):
+        super().__init__(daemon=True)
+        self.url, self.model, self.arrivals = url, model, []
+
+    def run(self):
+        body = {"model": self.model, "prompt": "Count from one to a thousand:", "max_tokens": 2000, "temperature": 0,
+                "stream": True, "ignore_eos": True}  # fmt: skip
+        request = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"content-type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=600) as reply:
+            for line in reply:
+                if line.startswith(b"data: {"):
+                    self.arrivals.append(time.perf_counter())
+
+    def longest_gap(self, start: float, end: float) -> float:
+        """The longest wait for a chunk between `start` and `end` (including from start to the first one)."""
+        times = [start] + [t for t in self.arrivals if start < t <= end] + [end]
+        return max(b - a for a, b in zip(times, times[1:]))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(ROOT / "RELIABILITY.md"))
+    args = p.parse_args(argv)
+    rows = ["| input | status | error names | time to answer | longest gap between tokens of the stream beside it |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp, tandem_serve(None, Path(tmp) / "serve.log") as url:
+        stream = Stream(url, SERVED_NAME)
+        stream.start()
+        while not stream.arrivals:
+            time.sleep(0.05)
+        for name, body in [*((n, b) for n, (b, _) in ABUSE.items()), ("JSON nested 100,000 deep", DEEP_JSON)]:
+            start = time.perf_counter()
+            status, param, took = post(url, body, SERVED_NAME)
+            time.sleep(0.2)  # the stream's pace just after it, too
+            gap = stream.longest_gap(start, time.perf_counter())
+            rows.append(f"| {name} | {status} | {param or '-'} | {took * 1000:.0f} ms | {gap * 1000:.0f} ms |")
+            print(rows[-1], flush=True)
+        stream.join(600)
+        worker_restarts = restarts(url)
+    # No `### ` heading: scripts/bench_faults.py keeps only what comes before the first one.
+    text = (f"{MARKERS[0]}\n**`python scripts/abuse_table.py`**\n\nRun of {time.strftime('%Y-%m-%d %H:%M')}, commit "
+            f"{git_commit()}, on {machine_line()}. `tandem serve` with its defaults; each body sent (with "
+            f"`max_tokens: 2`) while a streamed completion of 2,000 tokens ran; worker restarts after all of "
+            f"them: {worker_restarts}.\n\n" + "\n".join(rows) + f"\n{MARKERS[1]}")  # fmt: skip
+    out = Path(args.out)
+    current = out.read_text()
+    begin, end = current.find(MARKERS[0]), current.find(MARKERS[1])
+    out.write_text(current[:begin] + text + current[end + len(MARKERS[1]):])
+
+
+if __name__ == "__main__":
+    main()
