@@ -21,8 +21,10 @@ class RequestLimits:
     max_stop_strings: int = 4
     max_stop_string_chars: int = 1024  # each
     max_stop_token_ids: int = 128
-    max_prompts: int = 1024  # prompts in one completions request
-    max_sequences: int = 256  # prompts x n: sequences one request runs (the router's default max_in_flight)
+    max_prompts: int = 1024  # prompts in one completions request (checked first: the cheaper answer)
+    # prompts x n: sequences one request runs. More than the router admits at once (max_in_flight, 256 by
+    # default) could only ever be a 429, so this bound is the tighter one unless both are raised.
+    max_sequences: int = 256
     max_logit_bias: int = 1024  # entries
 
 

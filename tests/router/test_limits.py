@@ -33,4 +33,4 @@ def test_at_the_bounds_nothing_is_refused():
     body = _body(stop=["a" * 1024] * 4, stop_token_ids=list(range(128)), logit_bias={str(i): 1.0 for i in range(1024)},
                  n=2)  # fmt: skip
     check_limits(body, LIMITS, 128)
-    check_limits(_body(stop="just one"), LIMITS, 1024)
+    check_limits(_body(stop="just one"), LIMITS, 256)
