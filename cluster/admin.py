@@ -15,7 +15,7 @@ import asyncio
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
-from cluster.spec import SpecError
+from cluster.spec import ClusterSpec, SpecError
 from router.errors import APIError
 
 
@@ -26,13 +26,31 @@ class ScaleRequest(BaseModel):
     decode: int | None = Field(None, ge=1)
 
 
-def install_admin_routes(app: FastAPI) -> None:
-    """Routes onto `app.state.controller`, a `ControllerClient` (set before the first admin call)."""
+def scale_bounds(spec: ClusterSpec) -> dict[str, tuple[int, int]]:
+    """The sizes /admin/scale may set per pool: up to the spec's autoscale `max_replicas` (or its replicas,
+    if more), and never a change of serving mode: a router started colocated (no prefill pool) keeps none,
+    one started disaggregated keeps at least one prefill worker (with none it would answer 503 for good)."""
+
+    def most(role: str) -> int:
+        return max(spec.autoscale.pool(role).max_replicas, getattr(spec, role).replicas)
+
+    prefill = (0, 0) if spec.prefill.replicas == 0 else (1, most("prefill"))
+    return {"prefill": prefill, "decode": (1, most("decode"))}
+
+
+def install_admin_routes(app: FastAPI, bounds: dict[str, tuple[int, int]]) -> None:
+    """Routes onto `app.state.controller`, a `ControllerClient` (set before the first admin call); `bounds`:
+    what each pool may be scaled to (`scale_bounds`)."""
     def controller():
         return app.state.controller
 
     @app.post("/admin/scale", tags=["admin"])
     async def scale(body: ScaleRequest):
+        for role, size in (("prefill", body.prefill), ("decode", body.decode)):
+            low, high = bounds[role]
+            if size is not None and not low <= size <= high:
+                raise APIError(400, f"{role} may be scaled to {low}..{high} workers here, not {size}", role,
+                               code="invalid_scale")  # fmt: skip
         try:
             await asyncio.to_thread(controller().scale, {"prefill": body.prefill, "decode": body.decode})
         except SpecError as err:

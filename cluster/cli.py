@@ -2,12 +2,13 @@
 
     tandem serve [--model M] [--port 8000] [--num-prefill 1 --num-decode 1] [--config spec.yaml] [--address ADDR]
                  [--api-key KEY]
-    tandem scale --prefill N --decode M [--url http://127.0.0.1:8000] [--api-key KEY]
-    tandem status [--url http://127.0.0.1:8000] [--json] [--api-key KEY]
+    tandem scale --prefill N --decode M [--url http://127.0.0.1:8000] [--admin-token TOKEN]
+    tandem status [--url http://127.0.0.1:8000] [--json] [--admin-token TOKEN]
 
 `--api-key` defaults to the environment variable TANDEM_API_KEY (as vLLM's
-`--api-key` does to VLLM_API_KEY): `serve` then requires it on /v1/* and
-/admin/*, and `scale` / `status` send it.
+`--api-key` does to VLLM_API_KEY): `serve` then requires it on /v1/*. /admin/*
+takes only the admin token `serve` makes at each start and writes 0600 for its
+user (`cluster.admin_token`); `scale` / `status` read it from there.
 
 `serve` without `--address` starts an embedded local Ray; flags override the
 spec file's fields (vLLM's names). Ctrl-C (SIGINT) or SIGTERM stops the
@@ -77,7 +78,7 @@ def _serve_parser(sub) -> None:
     p.add_argument("--num-decode", type=int, help="decode workers")
     p.add_argument("--kv-transfer-failure", choices=("recompute", "fail"),
                    help="a failed KV transfer: decode prefills the prompt itself (default) or the request fails")
-    _api_key_flag(p, "required on /v1/* and /admin/* as `Authorization: Bearer KEY`")
+    _api_key_flag(p, "required on /v1/* as `Authorization: Bearer KEY` (/admin/* takes the admin token)")
     p.add_argument("--max-request-body-bytes", type=int, help="larger HTTP bodies get 413 (default 8 MiB)")
     p.add_argument("--max-predicted-ttft-s", type=float,
                    help="refuse (429, Retry-After) a request whose first token is predicted later (default 60; 0: off)")
@@ -160,11 +161,16 @@ class AdminError(RuntimeError):
     """`tandem scale` / `status` could not get an answer from the router."""
 
 
-def _admin(url: str, path: str, body: dict | None = None, api_key: str | None = None) -> dict:
+def _admin(url: str, path: str, body: dict | None = None, token: str | None = None) -> dict:
+    """Call an admin endpoint with `token`, or the one `tandem serve` wrote for that URL's port."""
+    from cluster.admin_token import read_token, token_path
+
+    token = token or read_token(url)
+    if token is None:
+        raise AdminError(f"no admin token for {url}: `tandem serve` writes one to {token_path(0).parent}/<port>.token "
+                         "on its machine; pass it with --admin-token")  # fmt: skip
     data = json.dumps(body).encode() if body is not None else None
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
     request = urllib.request.Request(f"{url.rstrip('/')}{path}", data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=3600) as response:
@@ -189,7 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p = sub.add_parser(name, help=what)
         p.add_argument("--url", default="http://127.0.0.1:8000", help="the router of `tandem serve`")
         p.add_argument("--json", action="store_true", help="print the raw status")
-        _api_key_flag(p, "the API key `tandem serve` was started with")
+        p.add_argument("--admin-token", default=os.environ.get("TANDEM_ADMIN_TOKEN"),
+                       help="the admin token (default: $TANDEM_ADMIN_TOKEN, else the file `tandem serve` wrote)")
         if name == "scale":
             p.add_argument("--prefill", type=int, help="prefill workers")
             p.add_argument("--decode", type=int, help="decode workers")
@@ -206,9 +213,9 @@ def main(argv: list[str] | None = None) -> None:
             serve(args)
         elif args.command == "scale":
             scale = {"prefill": args.prefill, "decode": args.decode}
-            _print_status(_admin(args.url, "/admin/scale", scale, args.api_key), args.json)
+            _print_status(_admin(args.url, "/admin/scale", scale, args.admin_token), args.json)
         else:
-            _print_status(_admin(args.url, "/admin/status", api_key=args.api_key), args.json)
+            _print_status(_admin(args.url, "/admin/status", token=args.admin_token), args.json)
     except (SpecError, ValueError, FileNotFoundError, RuntimeError, TimeoutError) as err:
         # A user-facing tool: the message says what is wrong, no traceback.
         sys.exit(f"tandem: error: {err}")

@@ -19,12 +19,14 @@ to the caller (`connect_ray` / `ray.shutdown`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import urllib.request
 
 from cluster.actor_names import new_namespace
-from cluster.admin import install_admin_routes
+from cluster.admin import install_admin_routes, scale_bounds
+from cluster.admin_token import forget_token, new_token, write_token
 from cluster.controller_actor import ControllerClient, start_controller
 from cluster.reaper import reap
 from cluster.router_sync import RouterSync
@@ -67,6 +69,7 @@ def router_config(spec: ClusterSpec):
         api_key=r.api_key or None,
         max_request_body_bytes=r.max_request_body_bytes,
         tool_call_parser=r.tool_call_parser or None,
+        allowed_hosts=tuple(r.allowed_hosts),
         # The router's load() polls are heartbeats too, judged by the controller's rules: one poll
         # unanswered for timeout_s is one miss, and the liveness policy says when misses mean dead.
         worker_call_timeout_s=spec.health.timeout_s,
@@ -95,12 +98,14 @@ class Deployment:
         from router.server import RouterServer
 
         self.spec = spec = with_cluster_key(spec)
-        self.config = router_config(spec)
+        self.admin_token = new_token()  # written for `tandem scale/status` once the port is known
+        self.config = dataclasses.replace(router_config(spec), admin_token=self.admin_token)
         policy = make_policy(self.config.routing_policy, **dict(self.config.routing_options))
         registry = WorkerRegistry(policy, make_decode_policy(block_size=spec.engine.block_size))
         self.app = create_app(self.config, registry)
-        install_admin_routes(self.app)
+        install_admin_routes(self.app, scale_bounds(spec))
         self.server = RouterServer(self.app, spec.router.host, spec.router.port)
+        self._token_file = write_token(self.server.port, self.admin_token)
         self.namespace = new_namespace()  # where its workers are named (cluster.actor_names)
         self.controller = self.app.state.controller = ControllerClient(start_controller(spec, self.namespace))
         sync = RouterSync(registry, self._membership_address, self.app.state.router.metrics.latency_totals,
@@ -137,6 +142,7 @@ class Deployment:
         finally:
             self.server.call(self._sync_task.cancel)
             self.server.stop()
+            forget_token(self.server.port, self.admin_token)
 
     def _stop_workers(self) -> None:
         try:

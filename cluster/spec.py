@@ -86,6 +86,8 @@ class RouterSpec(_Strict):
     api_key: str = Field("", repr=False)  # "": the API is open; else /v1/* and /admin/* need it as a Bearer token
     max_request_body_bytes: int = Field(8 << 20, ge=1)
     tool_call_parser: str = ""  # "": tool_choice auto is refused; else a name in router.tool_parsers.PARSERS
+    # Host header names answered ([]: the loopback names when `host` is loopback, else any; router.http_guard)
+    allowed_hosts: list[str] = []
 
     @field_validator("tool_call_parser")
     @classmethod

@@ -33,7 +33,7 @@ from router.completions import create_completion
 from router.config import RouterConfig
 from router.dispatch import Dispatcher
 from router.errors import APIError, install_error_handlers
-from router.http_guard import RequestGuard
+from router.http_guard import RequestGuard, allowed_hosts_for
 from router.metrics import RouterMetrics
 from router.policy import make_policy
 from router.registry import WorkerRegistry
@@ -103,7 +103,9 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
                   telemetry={"tracing": False, "metrics": False, "logs": False})  # fmt: skip
     app.state.router = state
     install_error_handlers(app)
-    app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes)
+    hosts = allowed_hosts_for(config.host, config.allowed_hosts)
+    app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
+                       admin_token=config.admin_token, allowed_hosts=hosts)  # fmt: skip
     app.add_middleware(_StatusCounter, metrics=metrics)  # added last: runs first, so it counts 401 and 413 too
 
     # Handlers return JSONResponse (no second validation of the body); the models document it.

@@ -39,7 +39,9 @@ class RouterConfig:
     # spent); longer than a KV transfer's deadline (120 s), which ends a stuck transfer first (0: off).
     no_token_timeout_s: float = 180.0
     max_resumes: int = 3  # a request whose worker died is resumed elsewhere at most this many times
-    api_key: str | None = field(default=None, repr=False)  # set: /v1/* and /admin/* need `Authorization: Bearer <key>`
+    api_key: str | None = field(default=None, repr=False)  # set: /v1/* needs `Authorization: Bearer <key>`
+    admin_token: str | None = field(default=None, repr=False)  # /admin/* needs it (None: closed); cluster.admin_token
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered; (): loopback names when bound to loopback, else any
     max_request_body_bytes: int = 8 << 20  # a larger HTTP body is refused (413)
     limits: RequestLimits = field(default_factory=RequestLimits)  # work one request may ask for (400 beyond)
     # Workers authenticate to the token stream with it (None: this process's TANDEM_CLUSTER_KEY, if any).

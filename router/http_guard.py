@@ -1,10 +1,15 @@
-"""What every HTTP request passes before the API sees it: the API key and the body size limit.
+"""What every HTTP request passes before the API sees it: the Host check, the API key, the admin token and
+the body size limit.
 
-    app.add_middleware(RequestGuard, api_key="sk-...", max_body_bytes=8 << 20)
+    app.add_middleware(RequestGuard, api_key="sk-...", max_body_bytes=8 << 20, admin_token="...",
+                       allowed_hosts=("127.0.0.1", "localhost", "::1"))
 
-With an API key, every /v1/* and /admin/* request must carry
-`Authorization: Bearer <key>` (401 otherwise); /health and /metrics stay open,
-as in vLLM. A body over the limit is refused with 413 before the app reads it:
+With `allowed_hosts` (a router on loopback has them by default), a request whose Host header names another
+host is refused (400), and so is one whose Origin names another (403): a web page in the operator's browser
+cannot reach the router by DNS rebinding or a cross-site form. With an API key, every /v1/* request must
+carry `Authorization: Bearer <key>` (401 otherwise); /health and /metrics stay open, as in vLLM. /admin/*
+needs the admin token (`cluster.admin_token`) and nothing else opens it: without one it is closed (403).
+A body over the limit is refused with 413 before the app reads it:
 the declared Content-Length is checked first, and a body without one is
 buffered only up to the limit. Both answers are OpenAI-format errors.
 """
@@ -12,27 +17,40 @@ buffered only up to the limit. Both answers are OpenAI-format errors.
 from __future__ import annotations
 
 import hmac
+from urllib.parse import urlsplit
 
 from router.errors import APIError
 
-_PROTECTED = ("/v1/", "/admin/")
+_API = "/v1/"
+_ADMIN = "/admin/"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+def allowed_hosts_for(bind_host: str, configured: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The Host names a router bound to `bind_host` answers: `configured`, else the loopback names when it
+    listens on loopback; None (any Host) for another address with none configured."""
+    if configured:
+        return configured
+    return (*LOOPBACK_NAMES, bind_host) if bind_host in LOOPBACK_NAMES or bind_host.startswith("127.") else None
 
 
 class RequestGuard:
     """Pure ASGI middleware (streamed responses pass through untouched)."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, admin_token: str | None = None,
+                 allowed_hosts: tuple[str, ...] | None = None):  # fmt: skip
         self.app, self.max_body_bytes = app, max_body_bytes
         self._key = api_key.encode() if api_key else None
+        self._admin = admin_token.encode() if admin_token else None
+        self._hosts = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self._key is not None and scope["path"].startswith(_PROTECTED) and not self._authorized(headers):
-            error = APIError(401, "missing or invalid API key: send the header `Authorization: Bearer <key>`",
-                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
-            return await error.response()(scope, receive, send)
+        refusal = self._refusal(scope["path"], headers)
+        if refusal is not None:
+            return await refusal.response()(scope, receive, send)
         declared = headers.get(b"content-length", b"0")
         if not declared.isdigit() or int(declared) > self.max_body_bytes:
             return await self._too_large(scope, receive, send)
@@ -41,9 +59,21 @@ class RequestGuard:
             return await self._too_large(scope, receive, send)
         await self.app(scope, _replay(body, receive), send)
 
-    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+    def _refusal(self, path: str, headers: dict[bytes, bytes]) -> APIError | None:
+        if self._hosts is not None:
+            if _hostname(headers.get(b"host", b"").decode("latin-1")) not in self._hosts:
+                return APIError(400, "this server does not answer for that Host", code="invalid_host")
+            origin = headers.get(b"origin")
+            if origin is not None and _hostname(urlsplit(origin.decode("latin-1")).netloc) not in self._hosts:
+                return APIError(403, "requests from another origin are refused", code="invalid_origin")
+        if path.startswith(_ADMIN) and not (self._admin is not None and _bearer(headers, self._admin)):
+            closed = "the admin endpoints are closed" if self._admin is None else "missing or invalid admin token"
+            return APIError(403, f"{closed}: `tandem scale` / `tandem status` send the token `tandem serve` wrote",
+                            code="invalid_admin_token")  # fmt: skip
+        if path.startswith(_API) and self._key is not None and not _bearer(headers, self._key):
+            return APIError(401, "missing or invalid API key: send the header `Authorization: Bearer <key>`",
+                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return None
 
     async def _read_body(self, receive) -> bytes | None:
         """The whole body, or None once it passes the limit (a client may send more than it declared)."""
@@ -64,6 +94,19 @@ class RequestGuard:
         error = APIError(413, f"the request body is larger than the limit of {self.max_body_bytes} bytes",
                          code="request_too_large")  # fmt: skip
         await error.response()(scope, receive, send)
+
+
+def _bearer(headers: dict[bytes, bytes], secret: bytes) -> bool:
+    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), secret)
+
+
+def _hostname(netloc: str) -> str:
+    """The host of a Host header or URL netloc, without port or IPv6 brackets, lower case."""
+    host = netloc.rpartition("@")[2]
+    if host.startswith("["):
+        return host[1 : host.find("]")].lower()
+    return host.rsplit(":", 1)[0].lower() if host.count(":") == 1 else host.lower()
 
 
 def _replay(body: bytes, receive):

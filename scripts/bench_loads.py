@@ -145,17 +145,23 @@ def chosen_layout(log_path: Path) -> str:
     return "not printed"
 
 
-def _get(url: str) -> dict | None:
+def _get(url: str, token: str | None = None) -> dict | None:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response) if response.status == 200 else None
     except (OSError, ValueError):
         return None
 
 
 def restarts(url: str) -> int:
-    """Worker restarts so far, summed over both pools (`/admin/status`)."""
-    status = _get(f"{url}/admin/status") or {"pools": {}}
+    """Worker restarts so far, summed over both pools (`/admin/status`, with the admin token `tandem serve`
+    wrote); RuntimeError when the status cannot be read (a count of 0 must mean none)."""
+    from cluster.admin_token import read_token
+
+    status = _get(f"{url}/admin/status", read_token(url))
+    if status is None:
+        raise RuntimeError(f"cannot read {url}/admin/status")
     return sum(w["restarts"] for pool in status["pools"].values() for w in pool["workers"])
 
 

@@ -149,7 +149,9 @@ def test_scaling_up_and_down_under_a_stream_of_requests_drops_none(cluster, caps
         assert sorted(_nodes(cluster, "prefill")) == [cluster.node_a] * 2
         seen = len(results)
         wait_for(lambda: len(results) >= seen + 4, "requests on the larger pools")
-        scaled = httpx.post(f"{cluster.deployment.url}/admin/scale", json={"prefill": 1, "decode": 1}, timeout=300)
+        admin = {"Authorization": f"Bearer {cluster.deployment.admin_token}"}
+        scaled = httpx.post(f"{cluster.deployment.url}/admin/scale", json={"prefill": 1, "decode": 1}, timeout=300,
+                            headers=admin)  # fmt: skip
         assert scaled.status_code == 200, scaled.text
         seen = len(results)
         wait_for(lambda: len(results) >= seen + 2, "requests after scaling down")

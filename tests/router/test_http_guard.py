@@ -1,4 +1,5 @@
-"""The HTTP front door of a real router (uvicorn on loopback, no workers): API key, body limit, error text.
+"""The HTTP front door of a real router (uvicorn on loopback, no workers): Host and Origin, API key, admin
+token, body limit, error text.
 
 With no worker registered, a request that gets past the guard is answered 503
 (no live worker): that status is how these tests see the guard let it through.
@@ -20,14 +21,17 @@ from router.errors import from_dispatch
 from router.server import RouterServer
 
 KEY = "sk-test-key"
+ADMIN = "admin-test-token"
 BODY_LIMIT = 64 * 1024
 
 
 @pytest.fixture(scope="module")
 def router(tiny_model_dirs):
-    config = RouterConfig(tiny_model_dirs["llama"], "tiny", api_key=KEY, max_request_body_bytes=BODY_LIMIT)
+    config = RouterConfig(tiny_model_dirs["llama"], "tiny", api_key=KEY, max_request_body_bytes=BODY_LIMIT,
+                          admin_token=ADMIN)  # fmt: skip
     app = create_app(config)
-    install_admin_routes(app)  # with no controller behind them: a call past the guard fails inside
+    # With no controller behind them: a call past the guard (and the scale bounds) fails inside.
+    install_admin_routes(app, {"prefill": (1, 4), "decode": (1, 4)})
     server = RouterServer(app)
     yield server
     server.stop()
@@ -58,12 +62,35 @@ def test_openai_client_needs_the_key(router):
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer"}, {"Authorization": f"Basic {KEY}"},
                                      {"Authorization": f"Bearer {KEY}x"}])  # fmt: skip
-def test_every_v1_and_admin_path_refuses_without_the_key(router, headers):
+def test_every_v1_path_refuses_without_the_key_and_admin_without_the_admin_token(router, headers):
     with httpx.Client(base_url=router.url, headers=headers) as http:
-        for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/v1/nope"),
-                             ("GET", "/admin/status"), ("POST", "/admin/scale")):  # fmt: skip
+        for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/v1/nope")):
             error = _is_openai_error(http.request(method, path, json={}), 401)
             assert error["code"] == "invalid_api_key"
+        for method, path in (("GET", "/admin/status"), ("POST", "/admin/scale")):
+            assert _is_openai_error(http.request(method, path, json={}), 403)["code"] == "invalid_admin_token"
+
+
+def test_the_api_key_does_not_open_the_admin_surface_and_scaling_is_bounded(router):
+    with httpx.Client(base_url=router.url) as http:
+        as_client = {"Authorization": f"Bearer {KEY}"}
+        assert _is_openai_error(http.post("/admin/scale", json={"prefill": 0}, headers=as_client), 403)
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        for sizes, role in (({"prefill": 0}, "prefill"), ({"decode": 100_000}, "decode")):
+            error = _is_openai_error(http.post("/admin/scale", json=sizes, headers=admin), 400)
+            assert error["param"] == role and error["code"] == "invalid_scale"
+
+
+def test_a_foreign_host_or_origin_is_refused(router):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=router.url, headers=auth) as http:
+        rebound = http.get("/v1/models", headers={"Host": "evil.example:8000"})  # DNS rebinding
+        assert _is_openai_error(rebound, 400)["code"] == "invalid_host"
+        cross_site = http.post("/admin/scale", json={}, headers={"Origin": "http://evil.example"})
+        assert _is_openai_error(cross_site, 403)["code"] == "invalid_origin"
+        for host in (f"localhost:{router.port}", f"127.0.0.1:{router.port}", "[::1]"):
+            assert http.get("/v1/models", headers={"Host": host}).status_code == 503  # let through
+        assert http.get("/v1/models", headers={"Origin": f"http://localhost:{router.port}"}).status_code == 503
 
 
 def test_health_and_metrics_stay_open(router):
@@ -97,9 +124,16 @@ def test_an_internal_failure_shows_an_error_id_and_no_internals(caplog):
     assert any(error_id in r.getMessage() and "kv_cache" in r.getMessage() for r in caplog.records)
 
 
-def test_tandem_status_sends_the_key_and_a_500_hides_the_internals(router):
-    with pytest.raises(AdminError, match="HTTP 401"):
+def test_tandem_status_sends_the_admin_token_and_a_500_hides_the_internals(router, tmp_path, monkeypatch):
+    from cluster.admin_token import write_token
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    with pytest.raises(AdminError, match="no admin token"):
         _admin(router.url, "/admin/status")
+    with pytest.raises(AdminError, match="HTTP 403"):
+        _admin(router.url, "/admin/status", token=KEY)
+    path = write_token(router.port, ADMIN)  # as `tandem serve` writes it
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
     with pytest.raises(AdminError, match="HTTP 500") as err:  # let in; the missing controller fails inside
-        _admin(router.url, "/admin/status", api_key=KEY)
+        _admin(router.url, "/admin/status")
     assert "error id" in str(err.value) and "controller" not in str(err.value) and "Attribute" not in str(err.value)
