@@ -1,5 +1,5 @@
-"""Hostile request bodies against the router (issue "Hostile clients"): each is answered with a 400 in well
-under a second, a stream running beside them keeps going, and nothing is left on the workers."""
+"""Hostile request bodies against the router (those of scripts/abuse_table.py): each is answered with a 400 in
+well under a second, a stream running beside them keeps going, and nothing is left on the workers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from engine import EngineArgs
 from router.config import RouterConfig
+from scripts.abuse_table import ABUSE, DEEP_JSON
 from tests.e2e.router_cluster import router_on_ray
 from tests.e2e.test_router_openai import _wait_all_free
 
@@ -27,18 +28,6 @@ def served(ray_session, tiny_model_dirs):
         yield types.SimpleNamespace(url=stack.server.url, actors=stack.actors)
 
 
-ABUSE = {
-    "100k stop strings": ({"prompt": "hi", "stop": [f"s{i}" for i in range(100_000)]}, "stop"),
-    "a huge stop string": ({"prompt": "hi", "stop": ["x" * 5000]}, "stop"),
-    "100k stop token ids": ({"prompt": "hi", "stop_token_ids": list(range(100_000))}, "stop_token_ids"),
-    "a stop token id past the vocabulary": ({"prompt": "hi", "stop_token_ids": [10**6]}, "stop_token_ids"),
-    "5000 prompts": ({"prompt": ["hi"] * 5000}, "prompt"),
-    "n x prompts": ({"prompt": ["hi"] * 100, "n": 100}, "n"),
-    "a 1M token-id prompt (about 7 MiB)": ({"prompt": [7] * 1_000_000}, "prompt"),
-    "a lone surrogate": ({"prompt": "a\ud800b"}, "prompt"),
-    "huge n": ({"prompt": "hi", "n": 100_000}, "n"),
-    "5000 logit_bias entries": ({"prompt": "hi", "logit_bias": {str(i): 1 for i in range(5000)}}, "logit_bias"),
-}
 
 
 def _post(url: str, body: dict | bytes) -> tuple[httpx.Response, float]:
@@ -70,7 +59,7 @@ def test_hostile_bodies_are_400s_in_well_under_a_second_while_a_stream_keeps_goi
         assert reply.status_code == 400, (name, reply.text[:200])
         assert reply.json()["error"]["param"] == param, (name, reply.json())
         assert took < 1.0, (name, took)
-    deep, took = _post(served.url, b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    deep, took = _post(served.url, DEEP_JSON)
     assert deep.status_code == 400 and took < 1.0 and deep.json()["error"]["type"] == "invalid_request_error"
     beside.join(60)
     assert usage[-1]["completion_tokens"] == 200  # the stream beside them was served whole
