@@ -30,7 +30,7 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     tools = tool_use_from(body, model.tool_call_parser)
     messages = messages_for_template([m.model_dump(exclude_none=True) for m in body.messages])
-    prompt = model.encode_chat(messages, tools=list(tools.tools) if tools else None)
+    prompt = await model.encode_chat_async(messages, tools=list(tools.tools) if tools else None)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = model.max_tokens_for(len(prompt), body.max_tokens_asked, param)
     sampling = sampling_from(body, (body.top_logprobs or 0) if body.logprobs else None, model.vocab_size)

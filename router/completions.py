@@ -25,7 +25,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     check_model(body.model, model.name)
     refuse_unsupported(body, suffix=(None, ""), best_of=(None, body.n), **CHAT_ONLY)
     check_limits(body, runner.limits, _num_prompts(body.prompt))
-    prompts = _prompt_ids(body.prompt, model)
+    prompts = await _prompt_ids(body.prompt, model)
     max_tokens = [model.max_tokens_for(len(p), body.max_tokens) for p in prompts]
     sampling = dataclasses.replace(sampling_from(body, body.logprobs, model.vocab_size),
                                    prompt_logprobs=prompt_logprobs_asked(body))  # fmt: skip
@@ -91,12 +91,12 @@ def _num_prompts(prompt) -> int:
     return len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
 
 
-def _prompt_ids(prompt, model: ServedModel) -> list[list[int]]:
+async def _prompt_ids(prompt, model: ServedModel) -> list[list[int]]:
     """One token-id list per prompt: a string, strings, token ids, or lists of token ids."""
     if isinstance(prompt, str):
-        prompts = [model.encode(prompt)]
+        prompts = [await model.encode_async(prompt)]
     elif prompt and all(isinstance(p, str) for p in prompt):
-        prompts = [model.encode(p) for p in prompt]
+        prompts = [await model.encode_async(p) for p in prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
         prompts = [list(prompt)]
     elif prompt and all(isinstance(p, list) for p in prompt):

@@ -35,6 +35,7 @@ ABUSE = {
     "100 prompts x n 100": ({"prompt": ["hi"] * 100, "n": 100}, "n"),
     "a token-id prompt of 1,000,000 ids (6.8 MiB)": ({"prompt": [7] * 1_000_000}, "prompt"),
     "a lone surrogate in the prompt": ({"prompt": "a\ud800b"}, "prompt"),
+    "a text prompt of 6,000,000 characters": ({"prompt": "hello world " * 500_000}, "prompt"),
     "n 100,000": ({"prompt": "hi", "n": 100_000}, "n"),
     "5,000 logit_bias entries": ({"prompt": "hi", "logit_bias": {str(i): 1 for i in range(5000)}}, "logit_bias"),
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from router.config import RouterConfig
 from router.served_model import ServedModel
 
@@ -16,3 +18,39 @@ def test_encode_equals_the_tokenizer_call_for_every_tiny_model(tiny_model_dirs):
             plain = model.tokenizer(text, add_special_tokens=False)["input_ids"]
             assert model.encode(text, add_special_tokens=False) == plain, (arch, text)
         assert model.vocab_size == len(model.tokenizer)
+
+
+def test_long_texts_are_refused_by_length_or_tokenized_off_the_event_loop(tiny_model_dirs):
+    import asyncio
+    import time
+
+    from router.errors import APIError
+    from router.served_model import OFF_LOOP_CHARS
+
+    model = ServedModel(RouterConfig(tiny_model_dirs["llama"], max_model_len=256))
+    text = "hello world " * (OFF_LOOP_CHARS // 12 + 1)
+    with pytest.raises(APIError) as refused:  # far past what 256 tokens can hold: no tokenizing at all
+        asyncio.run(model.encode_async("x" * (model.max_prompt_chars + 1)))
+    assert refused.value.status == 400 and "cannot fit" in refused.value.message
+
+    model.max_prompt_chars = 10**9  # the long text below is tokenized (a tiny model's context is 256 tokens)
+
+    async def beside_a_long_text():
+        gaps, done = [], asyncio.Event()
+
+        async def tick():
+            last = time.perf_counter()
+            while not done.is_set():
+                await asyncio.sleep(0.001)
+                gaps.append(time.perf_counter() - last)
+                last = time.perf_counter()
+
+        ticker = asyncio.create_task(tick())
+        ids = await model.encode_async(text * 20)
+        done.set()
+        await ticker
+        return ids, max(gaps)
+
+    ids, longest_gap = asyncio.run(beside_a_long_text())
+    assert ids == model.tokenizer(text * 20)["input_ids"]
+    assert longest_gap < 0.05  # the loop kept turning while the text was tokenized
