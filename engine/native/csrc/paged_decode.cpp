@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "float_types.h"
+#include "online_softmax.h"
 
 namespace {
 
@@ -101,21 +102,7 @@ void decode_seq(const T* q, const T* kc, const T* vc, const Seq& seq, const Shap
     }
     // Online softmax: rescale what was accumulated so far to the new running max.
     for (int64_t h = 0; h < heads; ++h) {
-      float* sh = scores + h * bs;
-      float m = row_max[h];
-      for (int64_t j = 0; j < n; ++j) m = std::max(m, sh[j]);
-      const float alpha = std::exp(row_max[h] - m);
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) {
-        sh[j] = std::exp(sh[j] - m);
-        sum += sh[j];
-      }
-      row_sum[h] = row_sum[h] * alpha + sum;
-      row_max[h] = m;
-      float* ah = acc + h * dim;
-#pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) ah[d] *= alpha;
+      tandem::online_softmax_tile(scores + h * bs, n, n, row_max[h], row_sum[h], acc + h * dim, dim);
     }
     for (int64_t j = 0; j < n; ++j) {
       for (int64_t kv = 0; kv < shape.num_kv_heads; ++kv) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "float_types.h"
+#include "online_softmax.h"
 
 namespace {
 
@@ -82,21 +83,8 @@ inline void score_rows(const float* qf, const float* kt, int64_t r0, const Task&
     const int64_t visible = std::min(n, task.first_pos + r / group + 1 - first_key);
     if (visible <= 0) continue;
     float* s = scores[i];
-    float m = row_max[r];
-    for (int64_t j = 0; j < visible; ++j) m = std::max(m, s[j]);
-    const float alpha = std::exp(row_max[r] - m);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < kKeys; ++j) {
-      const float e = std::exp(s[j] - m);
-      s[j] = j < visible ? e : 0.f;
-      sum += s[j];
-    }
-    row_sum[r] = row_sum[r] * alpha + sum;
-    row_max[r] = m;
     float* a = acc + r * dim;
-#pragma omp simd
-    for (int64_t d = 0; d < dim; ++d) a[d] *= alpha;
+    tandem::online_softmax_tile(s, kKeys, visible, row_max[r], row_sum[r], a, dim);
     for (int64_t j = 0; j < kKeys; ++j) {
       const float p = s[j];
       const float* v = vt + j * dim;
