@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from typing import AsyncIterator
 
 from fastapi import Request
@@ -16,7 +15,7 @@ from router.openai_common import (check_model, collect, refuse_unsupported, resp
                                   text_options_from)  # fmt: skip
 from router.limits import check_limits
 from router.served_model import ServedModel
-from router.tool_calls import ToolUse, messages_for_template, tool_use_from
+from router.tool_calls import ToolUse, messages_for_template, new_call_id, tool_use_from
 from router.serving import RequestRunner, RunningRequest
 
 
@@ -107,7 +106,7 @@ class ToolDeltas:
         if not text:
             return {}
         if self.call_id is None:  # the call opens with its id and name, then its arguments arrive in pieces
-            self.call_id = f"call_{uuid.uuid4().hex[:24]}"
+            self.call_id = new_call_id()
             return {"tool_calls": [{"index": 0, "id": self.call_id, "type": "function",
                                     "function": {"name": self.tools.name, "arguments": text}}]}  # fmt: skip
         return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}

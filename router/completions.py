@@ -14,7 +14,7 @@ from router.errors import bad_request
 from router.openai_common import (CHAT_ONLY, check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
                                   text_options_from)  # fmt: skip
 from router.limits import check_limits
-from router.prompt_echo import echoed_logprobs, joined, prompt_logprobs_asked, prompt_texts, vllm_prompt_logprobs
+from router.prompt_echo import prompt_logprobs_asked, prompt_texts, vllm_prompt_logprobs
 from router.served_model import ServedModel
 from router.serving import RequestRunner, RunningRequest
 
@@ -57,12 +57,12 @@ class _Echo:
     def choice(self, index: int, text: str, token_ids: list[int], logprobs: list, prompt_entries) -> dict:
         body, model = self.body, self.model
         prompt = self.prompts[index // body.n]
-        out = {"text": text, "logprobs": _logprobs(model, token_ids, logprobs) if body.logprobs is not None else None}
-        if body.echo and index not in self.echoed:
+        if self.pending(index):  # the prompt's text and entries first (nulls if none arrived: it ended first)
             self.echoed.add(index)
-            out["text"] = self.texts[index // body.n] + text
-            if body.logprobs is not None:
-                out["logprobs"] = joined(echoed_logprobs(model, prompt, prompt_entries, body.logprobs), out["logprobs"])
+            text = self.texts[index // body.n] + text
+            token_ids, logprobs = prompt + token_ids, [*(prompt_entries or [None] * len(prompt)), *logprobs]
+        out = {"text": text, "logprobs": _logprobs(model, token_ids, logprobs, body.logprobs)
+               if body.logprobs is not None else None}  # fmt: skip
         if body.prompt_logprobs is not None and prompt_entries:
             out["prompt_logprobs"] = vllm_prompt_logprobs(model, prompt, prompt_entries, body.prompt_logprobs)
         return out
@@ -108,7 +108,9 @@ async def _prompt_ids(prompt, model: ServedModel) -> list[list[int]]:
     return prompts
 
 
-def _logprobs(model: ServedModel, token_ids: list[int], logprobs: list) -> dict:
+def _logprobs(model: ServedModel, token_ids: list[int], logprobs: list, top: int | None = None) -> dict:
+    """OpenAI's completion `logprobs`; an entry None (an echoed prompt's first token) is null, and `top` cuts
+    each entry's alternatives (prompt entries may carry more than `logprobs` asked: `prompt_logprobs`)."""
     tokens = [model.token_text(t) for t in token_ids]
     offsets, at = [], 0
     for text in tokens:
@@ -116,7 +118,8 @@ def _logprobs(model: ServedModel, token_ids: list[int], logprobs: list) -> dict:
         at += len(text)
     return {
         "tokens": tokens,
-        "token_logprobs": [lp.logprob for lp in logprobs],
-        "top_logprobs": [{model.token_text(t): v for t, v in lp.top} for lp in logprobs],
+        "token_logprobs": [lp.logprob if lp is not None else None for lp in logprobs],
+        "top_logprobs": [{model.token_text(t): v for t, v in lp.top[:top]} if lp is not None else None
+                         for lp in logprobs],  # fmt: skip
         "text_offset": offsets,
     }

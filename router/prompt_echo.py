@@ -29,18 +29,6 @@ def prompt_texts(prompt, prompts: list[list[int]], model: ServedModel) -> list[s
     return [model.tokenizer.decode(ids) for ids in prompts]
 
 
-def echoed_logprobs(model: ServedModel, prompt_ids: list[int], entries, top: int) -> dict:
-    """The prompt's part of a choice's `logprobs` (OpenAI's completion shape, `top` alternatives each)."""
-    tokens = [model.token_text(t) for t in prompt_ids]
-    entries = list(entries) or [None] * len(prompt_ids)  # none arrived (the request ended first): nulls
-    return {
-        "tokens": tokens,
-        "token_logprobs": [e.logprob if e is not None else None for e in entries],
-        "top_logprobs": [{model.token_text(t): v for t, v in e.top[:top]} if e is not None else None
-                         for e in entries],  # fmt: skip
-    }
-
-
 def vllm_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: tuple[TokenLogprob | None, ...],
                          top: int) -> list[dict | None]:  # fmt: skip
     """vLLM's `prompt_logprobs`: per prompt token, None for the first, else {token id: {logprob, rank,
@@ -57,15 +45,3 @@ def vllm_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: tup
                     for t, (lp, r) in ranked.items()})  # fmt: skip
     return out
 
-
-def joined(prompt: dict, completion: dict | None) -> dict:
-    """A choice's `logprobs` with the prompt's part first; text offsets count through both."""
-    tokens = prompt["tokens"] + (completion["tokens"] if completion else [])
-    offsets, at = [], 0
-    for text in tokens:
-        offsets.append(at)
-        at += len(text)
-    return {"tokens": tokens,
-            "token_logprobs": prompt["token_logprobs"] + (completion["token_logprobs"] if completion else []),
-            "top_logprobs": prompt["top_logprobs"] + (completion["top_logprobs"] if completion else []),
-            "text_offset": offsets}  # fmt: skip

@@ -147,5 +147,10 @@ def _required_calls(text: str) -> list[Call]:
     return [(c["name"], c["parameters"]) for c in value] if isinstance(value, list) else []
 
 
+def new_call_id() -> str:
+    """A tool call's id, in OpenAI's form."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def _tool_call(name: str, arguments: str) -> dict:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
