@@ -47,7 +47,7 @@ def select_backend(name: str, device: str, shapes: AttentionShapes | None = None
 
 
 def _cpu_backend(device: str, shapes: AttentionShapes | None, dtype: torch.dtype | None):
-    from engine.attention.cpu_backend import make_cpu_paged_attention, native_prefill, sdpa_prefill
+    from engine.attention.cpu_backend import make_cpu_paged_attention, prefill_impls
     from engine.layers.linear_choice import cached_choice, describe
     from engine.layers.ops import machine_key
     from engine.native import load_cpu_kernels
@@ -58,7 +58,7 @@ def _cpu_backend(device: str, shapes: AttentionShapes | None, dtype: torch.dtype
         return torch_paged_attention
     if shapes is None or dtype is None:
         return make_cpu_paged_attention(kernels)
-    impls = {"native": native_prefill(kernels), "sdpa": sdpa_prefill}
+    impls = prefill_impls(kernels)
     key = [*machine_key(kernels, dtype), "prefill attention", repr(shapes)]
     by_tokens = functools.partial(describe, unit="token")
     choice = cached_choice(key, lambda: choose_prefill(impls, shapes, dtype), "prefill attention", by_tokens)

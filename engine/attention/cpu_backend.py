@@ -16,19 +16,21 @@ from engine.attention.torch_backend import attend_prefills
 from engine.layers.linear_choice import BANDS, band_of
 
 
-def native_prefill(kernels):
-    """The native prefill kernel with the signature `prefill_choice` times: fills out's rows of `seqs`."""
+def prefill_impls(kernels) -> dict:
+    """name -> a prefill implementation with the signature `prefill_choice` times (it fills out's rows of
+    the sequences `seqs`); the step's new `key`/`value` let SDPA skip gathering a prefix-less chunk's K/V."""
 
-    def prefill(out, query, key_cache, value_cache, meta: AttentionMetadata, scale: float, seqs) -> None:
+    def native(out, query, key_cache, value_cache, meta: AttentionMetadata, scale: float, seqs, key=None,
+               value=None) -> None:  # fmt: skip
         ids = torch.as_tensor(seqs, dtype=torch.int64)
         kernels.paged_prefill_attention(query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
                                         meta.query_start_loc, ids, scale, out)  # fmt: skip
 
-    return prefill
+    def sdpa(out, query, key_cache, value_cache, meta: AttentionMetadata, scale: float, seqs, key=None,
+             value=None) -> None:  # fmt: skip
+        attend_prefills(out, query, key_cache, value_cache, meta, scale, key, value, seqs=seqs)
 
-
-def sdpa_prefill(out, query, key_cache, value_cache, meta: AttentionMetadata, scale: float, seqs) -> None:
-    attend_prefills(out, query, key_cache, value_cache, meta, scale, seqs=seqs)
+    return {"native": native, "sdpa": sdpa}
 
 
 class PrefillSplit:
@@ -54,7 +56,7 @@ class PrefillSplit:
 def make_cpu_paged_attention(kernels, prefill_by_band: Sequence[str] = ("native",) * len(BANDS)):
     """Bind the compiled kernels into a function with the backend signature; `prefill_by_band` names the
     prefill implementation ("native" or "sdpa") for each band of chunk lengths (`linear_choice.BANDS`)."""
-    split = PrefillSplit(prefill_by_band)
+    split, prefill = PrefillSplit(prefill_by_band), prefill_impls(kernels)
 
     def paged_attention(
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -74,12 +76,8 @@ def make_cpu_paged_attention(kernels, prefill_by_band: Sequence[str] = ("native"
             out[:nd] = kernels.paged_decode_attention(
                 query[:nd], key_cache, value_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale
             )
-        chunks = split.of(meta)
-        if "native" in chunks:
-            kernels.paged_prefill_attention(query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
-                                            meta.query_start_loc, chunks["native"], scale, out)  # fmt: skip
-        if "sdpa" in chunks:
-            attend_prefills(out, query, key_cache, value_cache, meta, scale, key, value, seqs=chunks["sdpa"])
+        for name, seqs in split.of(meta).items():
+            prefill[name](out, query, key_cache, value_cache, meta, scale, seqs, key, value)
         return out
 
     return paged_attention

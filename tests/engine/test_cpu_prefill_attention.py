@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from engine.attention.cpu_backend import PrefillSplit, make_cpu_paged_attention, native_prefill, sdpa_prefill
+from engine.attention.cpu_backend import PrefillSplit, make_cpu_paged_attention, prefill_impls
 from engine.attention.prefill_choice import AttentionShapes, choose_prefill, timed_chunk
 from engine.attention.torch_backend import paged_attention as torch_paged_attention
 from engine.layers.linear_choice import BANDS
@@ -91,7 +91,7 @@ def test_the_timed_chunk_is_a_real_prefill_both_implementations_agree_on():
     shapes = AttentionShapes(6, 2, 32, 16)
     chunk = timed_chunk(shapes, 40, 100, torch.float32)
     outs = []
-    for impl in (native_prefill(kernels), sdpa_prefill):
+    for impl in prefill_impls(kernels).values():
         out = torch.zeros_like(chunk.query)
         impl(out, chunk.query, chunk.key_cache, chunk.value_cache, chunk.meta, 32**-0.5, [0])
         outs.append(out)
