@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampler import TokenLogprobs
+from engine.sampler import TokenLogprobs, logprob_entries
 
 ROWS_AT_ONCE = 256
 
@@ -40,14 +40,8 @@ def span_logprobs(project, hidden: torch.Tensor, span: PromptSpan) -> list[Token
     """Entries for span.targets; `project(rows)` gives the vocabulary logits of hidden rows."""
     entries = []
     for offset in range(0, len(span.targets), ROWS_AT_ONCE):
-        targets = span.targets[offset : offset + ROWS_AT_ONCE]
+        targets = list(span.targets[offset : offset + ROWS_AT_ONCE])
         rows = hidden[span.first_row + offset : span.first_row + offset + len(targets)]
-        logprobs = torch.log_softmax(project(rows).float(), dim=-1)  # [rows, vocab]
-        chosen = torch.tensor(targets, device=logprobs.device).unsqueeze(1)  # [rows, 1]
-        chosen_lp = logprobs.gather(1, chosen)  # [rows, 1]
-        ranks = ((logprobs > chosen_lp).sum(dim=-1) + 1).tolist()  # [rows]
-        top_lp, top_ids = logprobs.topk(span.top, dim=-1) if span.top else (None, None)  # [rows, top]
-        top = list(zip(top_ids.tolist(), top_lp.tolist())) if span.top else [((), ())] * len(targets)
-        for token, lp, rank, (ids, lps) in zip(targets, chosen_lp.squeeze(1).tolist(), ranks, top):
-            entries.append(TokenLogprobs(token, lp, rank, tuple(zip(ids, lps))))
+        chosen = torch.tensor(targets, device=rows.device)  # [rows]
+        entries += logprob_entries(project(rows), chosen, targets, [span.top] * len(targets))
     return entries

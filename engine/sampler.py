@@ -305,19 +305,25 @@ def _gather_logprobs(
     if not rows:
         return result
     index = torch.tensor(rows, device=logits.device)
-    logprobs = torch.log_softmax(logits[index].float(), dim=-1)  # [rows, vocab]
-    chosen = token_ids[index].unsqueeze(1)  # [rows, 1]
-    chosen_lp = logprobs.gather(1, chosen)  # [rows, 1]
-    ranks = (logprobs > chosen_lp).sum(dim=-1) + 1  # [rows]
-    max_k = max(states[i].params.logprobs for i in rows)
-    top_lp, top_ids = logprobs.topk(max_k, dim=-1) if max_k else (None, None)  # [rows, max_k]
-
-    chosen_list = chosen_lp.squeeze(1).tolist()
-    ranks_list = ranks.tolist()
-    top_lp_list = top_lp.tolist() if max_k else None
-    top_ids_list = top_ids.tolist() if max_k else None
-    for j, i in enumerate(rows):
-        k = states[i].params.logprobs
-        top = tuple(zip(top_ids_list[j][:k], top_lp_list[j][:k])) if k else ()
-        result[i] = TokenLogprobs(token_list[i], chosen_list[j], ranks_list[j], top)
+    entries = logprob_entries(logits[index], token_ids[index], [token_list[i] for i in rows],
+                              [states[i].params.logprobs for i in rows])  # fmt: skip
+    for i, entry in zip(rows, entries):
+        result[i] = entry
     return result
+
+
+def logprob_entries(logits: torch.Tensor, chosen: torch.Tensor, chosen_list: list[int], tops: list[int]
+                    ) -> list[TokenLogprobs]:  # fmt: skip
+    """Each row's entry for its chosen token under the raw distribution, with tops[row] alternatives.
+
+    logits: [rows, vocab]; chosen: [rows] the tokens' ids (chosen_list: the same on the host)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [rows, vocab]
+    chosen_lp = logprobs.gather(1, chosen.unsqueeze(1))  # [rows, 1]
+    ranks = ((logprobs > chosen_lp).sum(dim=-1) + 1).tolist()  # [rows]
+    max_k = max(tops, default=0)
+    top_lp, top_ids = logprobs.topk(max_k, dim=-1) if max_k else (None, None)  # [rows, max_k]
+    top_lp_list = top_lp.tolist() if max_k else [[]] * len(tops)
+    top_ids_list = top_ids.tolist() if max_k else [[]] * len(tops)
+    return [TokenLogprobs(token, lp, rank, tuple(zip(ids[:k], lps[:k])))
+            for token, lp, rank, ids, lps, k in zip(chosen_list, chosen_lp.squeeze(1).tolist(), ranks, top_ids_list,
+                                                     top_lp_list, tops)]  # fmt: skip
