@@ -80,7 +80,8 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
                             config.max_predicted_ttft_s)  # fmt: skip
     admission = Admission(config.max_in_flight, config.retry_after_s)
     metrics.in_flight.set_function(lambda: admission.in_use)
-    runner = RequestRunner(dispatcher, ServedModel(config), admission, metrics, config.limits)
+    runner = RequestRunner(dispatcher, ServedModel(config), admission, metrics, config.limits,
+                           config.connections.max_stream_backlog_bytes)  # fmt: skip
     state = RouterState(config, registry, dispatcher, runner, metrics, int(time.time()))
 
     @contextlib.asynccontextmanager

@@ -11,11 +11,12 @@ from fastapi.responses import JSONResponse
 
 from router.api_models import ChatCompletionRequest, ChatCompletionResponse
 from router.errors import bad_request
-from router.openai_common import (check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
+from router.openai_common import (check_model, collect, refuse_unsupported, response_id, sampling_from,
                                   text_options_from)  # fmt: skip
 from router.limits import check_limits
 from router.served_model import ServedModel
 from router.tool_calls import ToolUse, messages_for_template, new_call_id, tool_use_from
+from router.sse_stream import SSEStream
 from router.serving import RequestRunner, RunningRequest
 
 
@@ -39,7 +40,8 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
     rid, created = response_id("chatcmpl")
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return sse_response(running, _chunks(running, rid, created, model, body.logprobs, usage, tools))
+        return SSEStream(running, _chunks(running, rid, created, model, body.logprobs, usage, tools),
+                         runner.max_stream_backlog_bytes)  # fmt: skip
     choices = await collect(running, request)
     return JSONResponse(content=ChatCompletionResponse(
         id=rid, created=created, model=model.name, usage=running.usage(),

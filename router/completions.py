@@ -11,11 +11,12 @@ from fastapi.responses import JSONResponse
 
 from router.api_models import CompletionRequest
 from router.errors import bad_request
-from router.openai_common import (CHAT_ONLY, check_model, collect, refuse_unsupported, response_id, sampling_from, sse_response,
+from router.openai_common import (CHAT_ONLY, check_model, collect, refuse_unsupported, response_id, sampling_from,
                                   text_options_from)  # fmt: skip
 from router.limits import check_limits
 from router.prompt_echo import prompt_logprobs_asked, prompt_texts, vllm_prompt_logprobs
 from router.served_model import ServedModel
+from router.sse_stream import SSEStream
 from router.serving import RequestRunner, RunningRequest
 
 
@@ -34,7 +35,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     echo = _Echo(body, prompts, prompt_texts(body.prompt, prompts, model) if body.echo else [], model)
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return sse_response(running, _chunks(running, rid, created, model, echo, usage))
+        return SSEStream(running, _chunks(running, rid, created, model, echo, usage), runner.max_stream_backlog_bytes)
     choices = await collect(running, request)
     # A `CompletionResponse` as a plain dict: building and dumping the pydantic model costs every request.
     return JSONResponse(content={

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from router.handoff import HandoffTimeouts
+from router.http_protocol import ConnectionLimits
 from wire.liveness import LivenessPolicy
 from wire.socket_security import ClusterKey
 from router.limits import RequestLimits
@@ -44,6 +45,8 @@ class RouterConfig:
     allowed_hosts: tuple[str, ...] = ()  # Host names answered; (): loopback names when bound to loopback, else any
     max_request_body_bytes: int = 8 << 20  # a larger HTTP body is refused (413)
     limits: RequestLimits = field(default_factory=RequestLimits)  # work one request may ask for (400 beyond)
+    # Deadlines and bounds of each HTTP connection and stream: slow or stalled clients (router.http_protocol).
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Workers authenticate to the token stream with it (None: this process's TANDEM_CLUSTER_KEY, if any).
     cluster_key: ClusterKey | None = field(default=None, repr=False)
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from router.errors import APIError
 
 _API = "/v1/"
+_GONE = object()  # what `_read_body` returns when the client left
 _ADMIN = "/admin/"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
@@ -55,6 +56,8 @@ class RequestGuard:
         if not declared.isdigit() or int(declared) > self.max_body_bytes:
             return await self._too_large(scope, receive, send)
         body = await self._read_body(receive)
+        if body is _GONE:
+            return  # the client left before its body ended (or its body deadline passed): nobody to answer
         if body is None:
             return await self._too_large(scope, receive, send)
         await self.app(scope, _replay(body, receive), send)
@@ -75,13 +78,14 @@ class RequestGuard:
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         return None
 
-    async def _read_body(self, receive) -> bytes | None:
-        """The whole body, or None once it passes the limit (a client may send more than it declared)."""
+    async def _read_body(self, receive) -> bytes | object | None:
+        """The whole body; None once it passes the limit (a client may send more than it declared), `_GONE`
+        if the client left first."""
         chunks, size = [], 0
         while True:
             message = await receive()
-            if message["type"] != "http.request":  # the client left: the app sees an empty body and the disconnect
-                break
+            if message["type"] != "http.request":
+                return _GONE
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:

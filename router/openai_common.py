@@ -4,18 +4,16 @@ framing, ids."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from typing import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from output_text import TextOptions
 from router.api_models import _GenerationFields
 from router.errors import APIError, bad_request
 from router.serving import RunningRequest
+from router.sse_stream import until_disconnected
 from router.structured_request import structured_from
 from wire.requests import SamplingSpec
 
@@ -83,30 +81,11 @@ def response_id(prefix: str) -> tuple[str, int]:
     return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
 
 
-def sse_response(running: RunningRequest, payloads: AsyncIterator[dict]) -> StreamingResponse:
-    """Server-sent events: one `data:` line per payload, an error payload if the request fails, then [DONE].
-
-    A client that goes away cancels the stream; `running.close()` then aborts its sequences on the workers."""
-
-    async def events() -> AsyncIterator[str]:
-        try:
-            try:
-                async for payload in payloads:
-                    yield f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-            except APIError as err:
-                yield f"data: {json.dumps(err.body())}\n\n"
-            yield "data: [DONE]\n\n"
-        finally:
-            running.close()
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
 async def collect(running: RunningRequest, request: Request) -> dict[int, dict]:
     """Every choice's full text, token logprobs and finish reason (non-streaming responses).
 
     A client that disconnects meanwhile gets its sequences aborted on the workers at once."""
-    gone = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.ensure_future(until_disconnected(request.receive))
     this = asyncio.current_task()
 
     def stop_collecting(watcher: asyncio.Future) -> None:
@@ -137,9 +116,3 @@ async def _gather(running: RunningRequest) -> dict[int, dict]:
         choice["token_ids"] += update.token_ids
         choice["finish_reason"] = update.finish_reason or choice["finish_reason"]
     return out
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone (the body is read: the next ASGI message can only be the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

@@ -16,11 +16,14 @@ import uvicorn
 from fastapi import FastAPI
 
 from router.config import RouterConfig
+from router.http_protocol import protocol_for
 
 
 def _uvicorn(app: FastAPI) -> uvicorn.Server:
-    config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level="warning", access_log=False,
-                            proxy_headers=False, timeout_graceful_shutdown=5)  # fmt: skip
+    """uvicorn for the app `router.app.create_app` made, its connections bounded by the app's config."""
+    limits = app.state.router.config.connections
+    config = uvicorn.Config(app, loop="uvloop", http=protocol_for(limits), ws="none", log_level="warning",
+                            access_log=False, proxy_headers=False, timeout_graceful_shutdown=5)  # fmt: skip
     return uvicorn.Server(config)
 
 

@@ -134,9 +134,10 @@ class RunningRequest:
 
 class RequestRunner:
     def __init__(self, dispatcher: Dispatcher, model: ServedModel, admission: Admission, metrics: RouterMetrics,
-                 limits: RequestLimits = RequestLimits()):  # fmt: skip
+                 limits: RequestLimits = RequestLimits(), max_stream_backlog_bytes: int = 4 << 20):  # fmt: skip
         self.dispatcher, self.model, self.admission, self.metrics = dispatcher, model, admission, metrics
         self.limits = limits  # checked by the endpoints before any work (router.limits)
+        self.max_stream_backlog_bytes = max_stream_backlog_bytes  # how far a streaming client may lag (sse_stream)
 
     async def start(self, prompts: list[list[int]], sampling: SamplingSpec, text: TextOptions, n: int,
                     arrived: float, max_tokens: list[int]) -> RunningRequest:  # fmt: skip
