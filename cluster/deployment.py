@@ -70,6 +70,7 @@ def router_config(spec: ClusterSpec):
         max_request_body_bytes=r.max_request_body_bytes,
         tool_call_parser=r.tool_call_parser or None,
         allowed_hosts=tuple(r.allowed_hosts),
+        connections=r.connections.limits(),
         # The router's load() polls are heartbeats too, judged by the controller's rules: one poll
         # unanswered for timeout_s is one miss, and the liveness policy says when misses mean dead.
         worker_call_timeout_s=spec.health.timeout_s,

@@ -21,11 +21,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from wire.liveness import LivenessPolicy
+from router.http_protocol import ConnectionLimits
 from router.policy import POLICIES
 from router.tool_parsers import PARSERS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LIVENESS = LivenessPolicy()  # the defaults the router and the controller share
+_CONNECTIONS = ConnectionLimits()
 
 
 class SpecError(ValueError):
@@ -76,6 +78,19 @@ class EngineSpec(_Strict):
         return self
 
 
+class ConnectionsSpec(_Strict):
+    """Each HTTP connection's deadlines and bounds (router.http_protocol.ConnectionLimits)."""
+
+    header_timeout_s: float = Field(_CONNECTIONS.header_timeout_s, gt=0)
+    body_timeout_s: float = Field(_CONNECTIONS.body_timeout_s, gt=0)
+    write_timeout_s: float = Field(_CONNECTIONS.write_timeout_s, gt=0)
+    max_connections: int = Field(_CONNECTIONS.max_connections, ge=1)
+    max_stream_backlog_bytes: int = Field(_CONNECTIONS.max_stream_backlog_bytes, ge=1 << 16)
+
+    def limits(self) -> ConnectionLimits:
+        return ConnectionLimits(**self.model_dump())
+
+
 class RouterSpec(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)  # 0: any free port
@@ -88,6 +103,7 @@ class RouterSpec(_Strict):
     tool_call_parser: str = ""  # "": tool_choice auto is refused; else a name in router.tool_parsers.PARSERS
     # Host header names answered ([]: the loopback names when `host` is loopback, else any; router.http_guard)
     allowed_hosts: list[str] = []
+    connections: ConnectionsSpec = ConnectionsSpec()  # slow and stalled clients: deadlines, bounds
 
     @field_validator("tool_call_parser")
     @classmethod
