@@ -25,6 +25,7 @@ from typing import Callable
 from runtime.follower import FollowerHost, FollowerRole
 from runtime.hosting import HostedWorker
 from runtime.load_board import LoadBoard
+from runtime.priority import run_at_normal_priority
 from runtime.worker_config import on_this_node
 from wire.codec import encode
 
@@ -34,6 +35,7 @@ ACTOR_OPTIONS = {"max_concurrency": 8}
 
 class WorkerActor:
     def __init__(self, engine_args, config, torch_threads: int | None = 1, rank: int | None = None):
+        run_at_normal_priority(config.name)
         if torch_threads is not None:
             import torch
 

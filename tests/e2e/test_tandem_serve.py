@@ -81,6 +81,8 @@ def test_serve_answers_openai_then_sigint_stops_everything(tiny_model_dirs, tmp_
         _wait_healthy(proc, url)
         started = psutil.Process(proc.pid).children(recursive=True)
         assert started, "an embedded Ray runs under tandem serve"
+        workers = [p for p in started if p.name().startswith("ray::DecodeActor")]
+        assert workers and all(p.nice() == 0 for p in workers)  # not Ray's default niceness 15 (runtime.priority)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         prompt = [5, 17, 42, 99, 7, 64]
         out = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=8,
