@@ -11,9 +11,9 @@ extensions (`top_k`, `min_tokens`, `ignore_eos`, ...) come through the client's
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 # ---- requests ---------------------------------------------------------------
 
@@ -64,8 +64,26 @@ class _GenerationFields(BaseModel):
     function_call: str | dict | None = None
 
 
+def _prompt_kind(value: Any) -> str | None:
+    """Which form of `prompt` a value is, from its first element: only that form is validated (pydantic's
+    union would try each, and a list fails one element at a time: 1M ids cost 177 ms instead of 17)."""
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list) and value:
+        return {str: "texts", list: "id_lists"}.get(type(value[0]), "ids")
+    return "ids" if isinstance(value, list) else None  # [] fails as ids (min length); None: a clear error
+
+
+Prompt = Annotated[
+    Union[Annotated[str, Tag("text")], Annotated[list[str], Tag("texts")], Annotated[list[int], Tag("ids")],
+          Annotated[list[list[int]], Tag("id_lists")]],
+    Discriminator(_prompt_kind, custom_error_type="invalid_prompt",
+                  custom_error_message="prompt must be a string, a list of strings, token ids, or lists of token ids"),
+]  # fmt: skip
+
+
 class CompletionRequest(_GenerationFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Prompt
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False

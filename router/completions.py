@@ -93,17 +93,18 @@ def _num_prompts(prompt) -> int:
 
 
 async def _prompt_ids(prompt, model: ServedModel) -> list[list[int]]:
-    """One token-id list per prompt: a string, strings, token ids, or lists of token ids."""
+    """One token-id list per prompt: a string, strings, token ids, or lists of token ids (the body's model
+    has made every element of a list the same kind: its first says which)."""
     if isinstance(prompt, str):
         prompts = [await model.encode_async(prompt)]
-    elif prompt and all(isinstance(p, str) for p in prompt):
+    elif not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    elif isinstance(prompt[0], str):
         prompts = [await model.encode_async(p) for p in prompt]
-    elif prompt and all(isinstance(p, int) for p in prompt):
-        prompts = [list(prompt)]
-    elif prompt and all(isinstance(p, list) for p in prompt):
-        prompts = [list(p) for p in prompt]
+    elif isinstance(prompt[0], int):
+        prompts = [prompt]
     else:
-        raise bad_request("prompt must be a string, a list of strings, token ids, or lists of token ids", "prompt")
+        prompts = prompt
     for ids in prompts:
         model.check_ids(ids)
     return prompts
