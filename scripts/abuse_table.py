@@ -10,7 +10,9 @@ tests/e2e/test_request_limits.py sends the same bodies (`ABUSE`) to a router ove
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import socket
 import sys
 import tempfile
 import threading
@@ -39,14 +41,19 @@ ABUSE = {
     "n 100,000": ({"prompt": "hi", "n": 100_000}, "n"),
     "5,000 logit_bias entries": ({"prompt": "hi", "logit_bias": {str(i): 1 for i in range(5000)}}, "logit_bias"),
 }
+# The same, to /v1/chat/completions.
+CHAT_ABUSE = {
+    "100,000 chat messages": ({"messages": [{"role": "user", "content": "a"}] * 100_000}, "messages"),
+}
 DEEP_JSON = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+NINE_MIB = b'{"model": "m", "prompt": "' + b"a" * (9 << 20) + b'"}'  # past the 8 MiB body limit: 413
 MARKERS = ("<!-- abuse:latest -->", "<!-- /abuse:latest -->")
 
 
-def post(url: str, body: dict | bytes, model: str) -> tuple[int, str, float]:
+def post(url: str, body: dict | bytes, model: str, path: str = "/v1/completions") -> tuple[int, str, float]:
     """(status, the error's param or "", seconds to the answer)."""
     content = body if isinstance(body, bytes) else json.dumps({"model": model, "max_tokens": 2, **body}).encode()
-    request = urllib.request.Request(f"{url}/v1/completions", data=content, headers={"content-type": "application/json"})
+    request = urllib.request.Request(f"{url}{path}", data=content, headers={"content-type": "application/json"})
     start = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=60) as reply:
@@ -79,23 +86,91 @@ class Stream(threading.Thread):
         return max(b - a for a, b in zip(times, times[1:]))
 
 
+def _raw_stream(url: str, body: dict) -> socket.socket:
+    """A streamed completion from a client that then reads nothing (a small receive buffer)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    conn.connect((host, int(port)))
+    data = json.dumps({"model": SERVED_NAME, "stream": True, **body}).encode()
+    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(data), data))  # fmt: skip
+    return conn
+
+
+def stalled_streams(url: str) -> tuple[str, float]:
+    """Two streams of n 128 (the whole admission) that never read; then 20 requests, each retried on a 429
+    as a client would (honouring Retry-After): how many were served, and the seconds until the last was."""
+    stalled = [_raw_stream(url, {"prompt": "Tell me a story.", "n": 128, "max_tokens": 32}) for _ in range(2)]
+    start = time.perf_counter()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(20) as pool:
+            served = sum(pool.map(lambda _: _served_with_retries(url), range(20)))
+        return f"{served} of 20 served", time.perf_counter() - start
+    finally:
+        for conn in stalled:
+            conn.close()
+
+
+def _served_with_retries(url: str, deadline_s: float = 120.0) -> bool:
+    end = time.perf_counter() + deadline_s
+    while time.perf_counter() < end:
+        status, _, _ = post(url, {"prompt": "Hello", "max_tokens": 8}, SERVED_NAME)
+        if status == 200:
+            return True
+        time.sleep(1.0)  # the router's Retry-After
+    return False
+
+
+def slow_connections(url: str) -> tuple[str, float]:
+    """2,000 connections that each sent half a header; /health 20 times meanwhile: statuses, slowest answer."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    slow = []
+    try:
+        for _ in range(2000):
+            slow.append(socket.create_connection((host, int(port))))
+            slow[-1].sendall(b"GET /health HTTP/1.1\r\nHost: %s\r\nX-Slow: " % host.encode())
+        answers, slowest = [], 0.0
+        for _ in range(20):
+            start = time.perf_counter()
+            with urllib.request.urlopen(f"{url}/health", timeout=30) as reply:
+                answers.append(reply.status)
+            slowest = max(slowest, time.perf_counter() - start)
+        return f"/health: {answers.count(200)} of 20 answered 200", slowest
+    finally:
+        for conn in slow:
+            conn.close()
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "RELIABILITY.md"))
     args = p.parse_args(argv)
-    rows = ["| input | status | error names | time to answer | longest gap between tokens of the stream beside it |",
+    rows = ["| input | status | error names | time to answer (the slowest, for rows of many) | longest gap between "
+            "tokens of the stream beside it |",
             "|---|---|---|---|---|"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, tandem_serve(None, Path(tmp) / "serve.log") as url:
         stream = Stream(url, SERVED_NAME)
         stream.start()
         while not stream.arrivals:
             time.sleep(0.05)
-        for name, body in [*((n, b) for n, (b, _) in ABUSE.items()), ("JSON nested 100,000 deep", DEEP_JSON)]:
+        bodies = [*((n, b, "/v1/completions") for n, (b, _) in ABUSE.items()),
+                  *((n, b, "/v1/chat/completions") for n, (b, _) in CHAT_ABUSE.items()),
+                  ("JSON nested 100,000 deep", DEEP_JSON, "/v1/completions"),
+                  ("a body of 9 MiB", NINE_MIB, "/v1/completions")]  # fmt: skip
+        for name, body, path in bodies:
             start = time.perf_counter()
-            status, param, took = post(url, body, SERVED_NAME)
+            status, param, took = post(url, body, SERVED_NAME, path)
             time.sleep(0.2)  # the stream's pace just after it, too
             gap = stream.longest_gap(start, time.perf_counter())
             rows.append(f"| {name} | {status} | {param or '-'} | {took * 1000:.0f} ms | {gap * 1000:.0f} ms |")
+            print(rows[-1], flush=True)
+        for name, measure in (("2 streams of n 128 that never read, then 20 requests", stalled_streams),
+                              ("2,000 connections that send half a header, then /health x 20", slow_connections)):
+            start = time.perf_counter()
+            outcome, took = measure(url)
+            gap = stream.longest_gap(start, time.perf_counter())
+            rows.append(f"| {name} | {outcome} | - | {took * 1000:.0f} ms | {gap * 1000:.0f} ms |")
             print(rows[-1], flush=True)
         stream.join(600)
         worker_restarts = restarts(url)

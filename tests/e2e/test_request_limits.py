@@ -13,8 +13,8 @@ import pytest
 
 from engine import EngineArgs
 from router.config import RouterConfig
-from scripts.abuse_table import ABUSE, DEEP_JSON
-from tests.e2e.router_cluster import router_on_ray
+from scripts.abuse_table import ABUSE, CHAT_ABUSE, DEEP_JSON, NINE_MIB
+from tests.e2e.router_cluster import CHAT_TEMPLATE, router_on_ray
 from tests.e2e.test_router_openai import _wait_all_free
 
 MODEL = "tiny-llama"
@@ -24,16 +24,15 @@ MODEL = "tiny-llama"
 def served(ray_session, tiny_model_dirs):
     model_dir = tiny_model_dirs["llama"]
     args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256, dtype="float32")
-    with router_on_ray(ray_session, args, RouterConfig(model_dir, MODEL, max_model_len=256)) as stack:
+    with router_on_ray(ray_session, args, RouterConfig(model_dir, MODEL, max_model_len=256,
+                                                         chat_template=CHAT_TEMPLATE)) as stack:
         yield types.SimpleNamespace(url=stack.server.url, actors=stack.actors)
 
 
-
-
-def _post(url: str, body: dict | bytes) -> tuple[httpx.Response, float]:
+def _post(url: str, body: dict | bytes, path: str = "/v1/completions") -> tuple[httpx.Response, float]:
     start = time.perf_counter()
     content = body if isinstance(body, bytes) else json.dumps({"model": MODEL, "max_tokens": 2, **body}).encode()
-    reply = httpx.post(f"{url}/v1/completions", content=content, headers={"content-type": "application/json"},
+    reply = httpx.post(f"{url}{path}", content=content, headers={"content-type": "application/json"},
                        timeout=30)  # fmt: skip
     return reply, time.perf_counter() - start
 
@@ -59,6 +58,13 @@ def test_hostile_bodies_are_400s_in_well_under_a_second_while_a_stream_keeps_goi
         assert reply.status_code == 400, (name, reply.text[:200])
         assert reply.json()["error"]["param"] == param, (name, reply.json())
         assert took < 1.0, (name, took)
+    for name, (body, param) in CHAT_ABUSE.items():
+        reply, took = _post(served.url, body, "/v1/chat/completions")
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, (name, reply.text[:200])
+        assert "cannot fit" in reply.json()["error"]["message"]
+        assert took < 1.0, (name, took)
+    big, took = _post(served.url, NINE_MIB)
+    assert big.status_code == 413 and took < 1.0
     deep, took = _post(served.url, DEEP_JSON)
     assert deep.status_code == 400 and took < 1.0 and deep.json()["error"]["type"] == "invalid_request_error"
     beside.join(60)
