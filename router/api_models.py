@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 # ---- requests ---------------------------------------------------------------
 
+MAX_MESSAGES = 16_384
+MAX_TOOLS = 128  # OpenAI's own bound on the functions one request may declare
+
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
@@ -55,7 +58,7 @@ class _GenerationFields(BaseModel):
     guided_choice: list | None = None
     guided_grammar: str | None = None
     # Tool calling (router.tool_calls), on chat completions.
-    tools: list | None = None
+    tools: list | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: str | dict | None = None
     # vLLM's: each prompt token's logprob and this many alternatives (router.prompt_echo), on completions.
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
@@ -103,7 +106,9 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_GenerationFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    # Bounded here, where pydantic stops at the bound (100k messages: 7 ms) instead of validating each (150 ms);
+    # the served model refuses more messages than its context has tokens (router.served_model).
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False

@@ -61,7 +61,6 @@ def test_hostile_bodies_are_400s_in_well_under_a_second_while_a_stream_keeps_goi
     for name, (body, param) in CHAT_ABUSE.items():
         reply, took = _post(served.url, body, "/v1/chat/completions")
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, (name, reply.text[:200])
-        assert "cannot fit" in reply.json()["error"]["message"]
         assert took < 1.0, (name, took)
     big, took = _post(served.url, NINE_MIB)
     assert big.status_code == 413 and took < 1.0

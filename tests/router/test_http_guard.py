@@ -8,6 +8,7 @@ With no worker registered, a request that gets past the guard is answered 503
 from __future__ import annotations
 
 import logging
+import socket
 
 import httpx
 import openai
@@ -137,3 +138,18 @@ def test_tandem_status_sends_the_admin_token_and_a_500_hides_the_internals(route
     with pytest.raises(AdminError, match="HTTP 500") as err:  # let in; the missing controller fails inside
         _admin(router.url, "/admin/status")
     assert "error id" in str(err.value) and "controller" not in str(err.value) and "Attribute" not in str(err.value)
+
+
+def test_a_client_that_sends_its_whole_oversized_body_then_closes_reads_the_413(router):
+    """As urllib does (Connection: close, the body sent before the answer is read): the router reads what is
+    left of a body a few times the limit before it answers and closes, so the client gets the 413, not a reset."""
+    for _ in range(5):
+        with socket.create_connection((router.host, router.port)) as conn:
+            body = b"x" * (3 * BODY_LIMIT)
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                         b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+            conn.sendall(body)
+            reply = b""
+            while chunk := conn.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:100]

@@ -54,3 +54,19 @@ def test_long_texts_are_refused_by_length_or_tokenized_off_the_event_loop(tiny_m
     ids, longest_gap = asyncio.run(beside_a_long_text())
     assert ids == model.tokenizer(text * 20)["input_ids"]
     assert longest_gap < 0.05  # the loop kept turning while the text was tokenized
+
+
+def test_a_chat_of_more_messages_than_context_tokens_is_refused_before_its_template(tiny_model_dirs):
+    import asyncio
+
+    from router.errors import APIError
+    from router.served_model import OFF_LOOP_MESSAGES
+    from tests.e2e.router_cluster import CHAT_TEMPLATE
+
+    model = ServedModel(RouterConfig(tiny_model_dirs["llama"], max_model_len=256, chat_template=CHAT_TEMPLATE))
+    with pytest.raises(APIError) as refused:
+        asyncio.run(model.encode_chat_async([{"role": "user", "content": "a"}] * 257))
+    assert refused.value.status == 400 and "257 messages cannot fit" in refused.value.message
+    many = [{"role": "user", "content": "a"}] * OFF_LOOP_MESSAGES  # rendered on a thread: the same ids
+
+    assert asyncio.run(model.encode_chat_async(many)) == model.encode_chat(many)
