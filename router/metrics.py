@@ -54,7 +54,7 @@ class RouterMetrics:
                                       ["reason"], registry=r)  # fmt: skip
         self.in_flight = Gauge("tandem:num_sequences_in_flight", "Admitted sequences not yet ended.", registry=r)
         r.register(_WorkerCollector(workers))
-        r.register(_RefusalCollector())
+        r.register(_RefusalCollector(workers))
 
     def sequence_finished(self, arrived: float, first_token_at: float | None, final) -> None:
         now = time.monotonic()
@@ -128,12 +128,19 @@ class _WorkerCollector:
 
 
 class _RefusalCollector:
-    """What this process's internal sockets refused (`wire.socket_security.refusals`), by socket and reason."""
+    """What internal sockets refused (`wire.socket_security.refusals`), by process, socket and reason: this
+    router's own (worker "router") and each worker's, from its latest heartbeat."""
+
+    def __init__(self, workers: WorkerRegistry):
+        self.workers = workers
 
     def collect(self):
         family = CounterMetricFamily("tandem:internal_messages_refused",
-                                     "Internal ZMQ messages or connections refused and dropped, by socket and reason.",
-                                     labels=["socket", "reason"])  # fmt: skip
+                                     "Internal ZMQ messages or connections refused and dropped, by process, socket "
+                                     "and reason.", labels=["worker", "socket", "reason"])  # fmt: skip
         for (kind, reason), count in sorted(refusals().items()):
-            family.add_metric([kind, reason], count)
+            family.add_metric(["router", kind, reason], count)
+        for w in list(self.workers.workers.values()):
+            for kind, reason, count in w.load.refused if w.load is not None else ():
+                family.add_metric([w.name, kind, reason], count)
         yield family

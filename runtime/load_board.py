@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from wire.requests import WorkerLoad
+from wire.socket_security import refusals
 
 
 @dataclass(frozen=True)
@@ -64,4 +65,5 @@ class LoadBoard:
         return dataclasses.replace(
             self.snapshot.load, **self.io_counters(), steps=self.steps, step_running_s=running_s,
             longest_step_s=self.longest_step_s, failed_steps_in_a_row=self.failed_in_a_row,
+            refused=tuple((kind, reason, count) for (kind, reason), count in sorted(refusals().items())),
         )  # fmt: skip

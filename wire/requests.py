@@ -151,3 +151,6 @@ class WorkerLoad:
     # and the wall time of those steps. The router predicts time to first token from them.
     prompt_tokens_advanced: int = 0
     prompt_seconds: float = 0.0
+    # What its internal sockets refused since start (`wire.socket_security.refusals`): (socket kind, reason,
+    # count) rows, exported on the router's /metrics under this worker's name.
+    refused: tuple[tuple[str, str, int], ...] = ()

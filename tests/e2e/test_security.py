@@ -80,7 +80,10 @@ def test_internal_sockets_refuse_hostile_traffic_and_the_cluster_still_serves(se
     assert delta(refusals(), router_before, "token_stream")["malformed"] == 1  # the oversized frame was never read
     assert all(delta(_decode_refusals(s), worker_before, kind)["malformed"] == 1 for kind in ("kv", "inbox"))
     metrics = _metrics(s)
-    assert 'tandem:internal_messages_refused_total{reason="unauthenticated",socket="token_stream"}' in metrics
+    assert 'tandem:internal_messages_refused_total{reason="unauthenticated",socket="token_stream",worker="router"}' \
+        in metrics
+    # The decode worker's own refusals reach the router's /metrics with its heartbeats.
+    wait_for(lambda: 'reason="malformed",socket="inbox",worker="decode-0"' in _metrics(s), "the worker's refusals")
     close_all(clients)
 
 
