@@ -26,6 +26,7 @@ import signal
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from cluster.spec import ClusterSpec, SpecError, load_spec, with_overrides
 from router.tool_parsers import PARSERS
@@ -87,8 +88,21 @@ def _serve_parser(sub) -> None:
 
 
 def _api_key_flag(parser, what: str) -> None:
-    parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None,
-                        help=f"{what} (default: $TANDEM_API_KEY)")  # fmt: skip
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY") or None,
+                      help=f"{what} (default: $TANDEM_API_KEY; on the command line it shows in `ps`)")  # fmt: skip
+    keys.add_argument("--api-key-file", type=_key_from_file, dest="api_key",
+                      help="the API key, read from the first line of this file (nothing of it in `ps`)")  # fmt: skip
+
+
+def _key_from_file(path: str) -> str:
+    try:
+        key = Path(path).read_text().splitlines()[0].strip() if Path(path).stat().st_size else ""
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot read the API key file: {err}") from None
+    if not key:
+        raise argparse.ArgumentTypeError(f"the API key file {path} is empty")
+    return key
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:

@@ -135,3 +135,17 @@ def test_the_tool_call_parser_flag_reaches_the_router(tiny_model_dirs):
     spec = spec_from_args(parse_args(["serve", "--model", tiny_model_dirs["llama"], "--tool-call-parser", "hermes"]))
     assert router_config(spec).tool_call_parser == "hermes"
     assert router_config(parse_spec({"model": tiny_model_dirs["llama"]})).tool_call_parser is None
+
+
+def test_the_api_key_comes_from_a_file_or_the_environment_never_only_the_command_line(tmp_path, monkeypatch):
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-from-file\n")
+    assert spec_from_args(parse_args(["serve", "--api-key-file", str(key_file)])).router.api_key == "sk-from-file"
+    monkeypatch.setenv("TANDEM_API_KEY", "sk-from-env")
+    assert spec_from_args(parse_args(["serve"])).router.api_key == "sk-from-env"
+    assert spec_from_args(parse_args(["serve", "--api-key-file", str(key_file)])).router.api_key == "sk-from-file"
+    (tmp_path / "empty").write_text("")
+    for bad in (["--api-key-file", str(tmp_path / "empty")], ["--api-key-file", str(tmp_path / "missing")],
+                ["--api-key", "a", "--api-key-file", str(key_file)]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse_args(["serve", *bad])
