@@ -28,12 +28,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from engine.parallel.group import listening_store
+
 RECEIVER_RANK, SENDER_RANK = 0, 1
 
 
 def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, str]:
     """The receiver's store on a free port of `host`; returns it and "host:port"."""
-    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    store = listening_store(host, 0, None, timedelta(seconds=timeout_s))
     return store, f"{host}:{store.port}"
 
 

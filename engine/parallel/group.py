@@ -9,6 +9,7 @@ msgpack step headers, which live in host memory.
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -53,13 +54,30 @@ def init_tp_group(parallel: ParallelConfig, device: str) -> TPGroup:
     timeout = timedelta(seconds=parallel.timeout_s)
     if backend == "nccl" and torch.device(device).index is not None:
         torch.cuda.set_device(torch.device(device))  # NCCL needs each rank on its own GPU
-    dist.init_process_group(
-        backend, init_method=f"tcp://{host}:{port}", world_size=parallel.tp_size, rank=parallel.rank, timeout=timeout
-    )
+    store = _rendezvous_store(host, port, parallel, timeout)
+    dist.init_process_group(backend, store=store, world_size=parallel.tp_size, rank=parallel.rank, timeout=timeout)
     device_group = dist.group.WORLD
     cpu_group = device_group if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     logger.info("tensor parallel rank %d of %d joined at %s (%s)", parallel.rank, parallel.tp_size, host, backend)
     return TPGroup(parallel.tp_size, parallel.rank, device_group, cpu_group)
+
+
+def _rendezvous_store(host: str, port: int, parallel: ParallelConfig, timeout: timedelta) -> dist.TCPStore:
+    """The ranks' meeting point: rank 0 listens on `host` alone (torch's own TCPStore would listen on every
+    interface, unauthenticated), the others connect to it."""
+    if parallel.rank != 0:
+        return dist.TCPStore(host, port, parallel.tp_size, is_master=False, timeout=timeout)
+    return listening_store(host, port, parallel.tp_size, timeout)
+
+
+def listening_store(host: str, port: int, world_size: int | None, timeout: timedelta) -> dist.TCPStore:
+    """A master TCPStore listening on `host` alone (port 0: a free one, `store.port`); torch's own would
+    listen on every interface, unauthenticated."""
+    listener = socket.create_server((host, port))
+    port = listener.getsockname()[1]
+    # The store owns the socket from here (detach: Python never closes it under the store).
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=listener.detach())  # fmt: skip
 
 
 def destroy_tp_group(group: TPGroup) -> None:
