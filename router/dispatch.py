@@ -48,6 +48,12 @@ logger = logging.getLogger("tandem.router")
 # failed: its connection may be back in a moment), wait this long times the attempt number; the next
 # answered heartbeat clears it. Without a pause, the resumes would all be spent within a millisecond.
 SUSPECT_POOL_PAUSE_S = 0.5
+# A request whose own steps failed on this many workers is taken for the cause, not them.
+STEPS_FAILED_BEFORE_BLAME = 2
+
+
+class RequestFailedSteps(StreamFailed):
+    """Every worker that ran it failed a step with it: the request's fault (a 400), not theirs."""
 
 
 @dataclass
@@ -65,6 +71,7 @@ class Generation:
     attempt: int = 0  # 0: the first; n: resumed n times
     resuming: asyncio.Task | None = None
     prompt_charge: tuple[WorkerState, int] | None = None  # (worker computing its prompt, tokens) until first token
+    failed_steps: int = 0  # workers' steps that failed with it in them (`Dispatcher._given_up`)
 
     def __post_init__(self):
         self.request_id = self.request_id or self.request.request_id
@@ -230,8 +237,16 @@ class Dispatcher:
                 gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, worker))
 
     def _given_up(self, gen: Generation, final: TokenDelta) -> None:
-        """Its decode worker ended the request without finishing it (a failed step): not the request's
-        fault, so it moves on; that worker is suspect (its heartbeats tell whether every step fails)."""
+        """Its decode worker ended the request without finishing it (a failed step). Once, that is taken for
+        the worker's trouble: the request moves on and the worker is suspect (its heartbeats tell whether
+        every step fails). When a second worker's step fails with it too, the request is the likely cause:
+        it ends (`RequestFailedSteps`, a 400) instead of failing the steps of every worker in turn."""
+        gen.failed_steps += 1
+        if gen.failed_steps >= STEPS_FAILED_BEFORE_BLAME:
+            self._leave_workers(gen)
+            gen.outputs.put(RequestFailedSteps(f"the steps of {gen.failed_steps} workers failed with this request "
+                                               f"in them (last: {final.error}); it is not tried again"))  # fmt: skip
+            return
         gen.decode.suspect = True
         self.resume(gen, f"worker {gen.decode.name} gave it up: {final.error}")
 

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from router.dispatch import RequestFailedSteps
 from router.handoff import HandoffError
 from router.registry import NoLiveWorker, WorkerFailed
 from router.token_stream import StreamFailed
@@ -66,6 +67,8 @@ def from_dispatch(err: Exception) -> APIError:
         return APIError(503, str(err), code="no_live_worker")
     if isinstance(err, HandoffError):
         return APIError(503, str(err), code="no_capacity") if err.retryable else bad_request(str(err))
+    if isinstance(err, RequestFailedSteps):  # the request's own fault: its 400, and no worker's
+        return APIError(400, str(err), code="request_failed_steps")
     if isinstance(err, (WorkerFailed, StreamFailed)):
         return internal_error("a worker failed during the request", err, 503, "worker_failed")
     if isinstance(err, ValueError):  # a worker refused the request's values (Ray wraps it: keep the cause's words)

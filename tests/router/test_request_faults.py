@@ -1,0 +1,71 @@
+"""A request that makes every worker's step fail is that request's 400, not a fault of worker after worker.
+
+Two real decode workers (in-process, over their control sockets and the real token stream) prefill and
+decode themselves; their model runs fail any step whose batch holds the poison tokens, as a kernel bug
+triggered by one input would. The first failure is taken for the worker's (the request moves on); the
+second ends the request, and both workers keep serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from decode_worker.actor import DecodeActor
+from decode_worker.worker import DecodeWorkerConfig
+from engine import EngineArgs
+from router.control_client import control_endpoint
+from router.dispatch import Dispatcher, RequestFailedSteps
+from router.errors import from_dispatch
+from router.policy import make_policy
+from router.registry import WorkerRegistry
+from router.token_stream import TokenStreamConsumer
+from tests.router.test_dispatch import GREEDY, tokens_of
+
+POISON = [13, 13, 13]  # three in a row: only a prompt has them (decode steps here hold one token per row)
+
+
+@pytest.fixture(scope="module")
+def poisoned(tiny_model_dirs):
+    args = EngineArgs(model=tiny_model_dirs["llama"], num_kv_blocks=48, max_model_len=256, dtype="float32")
+    workers = [DecodeActor(args, DecodeWorkerConfig(f"decode-{i}"), torch_threads=None) for i in range(2)]
+    for worker in workers:
+        runner = worker.hosted.worker.engine.runner
+        real_execute = runner.execute
+
+        def execute(batch, *args, real_execute=real_execute, **kwargs):
+            if POISON in [batch.input_ids[i : i + 3].tolist() for i in range(len(batch.input_ids) - 2)]:
+                raise RuntimeError("a kernel failed on this input")
+            return real_execute(batch, *args, **kwargs)
+
+        runner.execute = execute
+    yield workers
+    for worker in workers:
+        worker.shutdown()
+
+
+def test_a_request_that_fails_the_steps_of_two_workers_is_its_own_400(poisoned):
+    async def main():
+        registry = WorkerRegistry(make_policy("round_robin"))
+        for worker in poisoned:
+            registry.register(worker.config.name, "decode", control_endpoint(worker.control_address()))
+        stream = TokenStreamConsumer()
+        await stream.start()
+        try:
+            dispatcher = Dispatcher(registry, stream, colocated=True)
+            with pytest.raises(RequestFailedSteps) as failed:
+                await tokens_of(await dispatcher.start([5, *POISON, 7], GREEDY))
+            fine = [await tokens_of(await dispatcher.start([5, 6, 7 + i], GREEDY)) for i in range(2)]
+            await dispatcher.drain_aborts()
+            return failed.value, fine, {w.name for w in registry.pickable("decode")}
+        finally:
+            await stream.close()
+
+    failure, fine, pickable = asyncio.run(main())
+    error = from_dispatch(failure)
+    assert error.status == 400 and error.code == "request_failed_steps" and "2 workers" in error.message
+    assert [len(tokens) for tokens, _ in fine] == [GREEDY.max_tokens] * 2
+    assert pickable == {"decode-0", "decode-1"}  # both still serve
+    for worker in poisoned:  # one failed step each (of 3 in a row that mean dead), nothing left held
+        assert worker.board.failed_in_a_row <= 1 and worker.is_idle() and worker.pool_all_free()
