@@ -38,6 +38,8 @@ import httpx
 
 import bench_report
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.tiny_models, from a checkout
+
 from decode_worker.actor import DECODE_CALLS
 from router.control_client import control_endpoint
 from router.handoff import start_request
