@@ -22,9 +22,10 @@ import torch.distributed as dist
 
 from engine.attention import AttentionShapes, select_backend
 from engine.config import EngineConfig
+from engine.cpu_memory import keep_freed_memory
+from engine.kv_cache import allocate_kv_caches, num_blocks_for
 from engine.layers.ops import layer_ops
 from engine.layers.rotary import RotaryEmbedding
-from engine.kv_cache import allocate_kv_caches, num_blocks_for
 from engine.model_input import ModelInput
 from engine.models import MODEL_REGISTRY
 from engine.parallel.group import SINGLE, TPGroup, destroy_tp_group, init_tp_group
@@ -69,6 +70,8 @@ def _rebuild_rotary_tables(model: torch.nn.Module, config: EngineConfig) -> None
 class ModelRunner:
     def __init__(self, config: EngineConfig, show_progress: bool = True):
         self.config = config
+        if config.device == "cpu":
+            keep_freed_memory()  # the steps' activations reuse pages instead of faulting in new ones
         self.tp = init_tp_group(config.parallel, config.device)
         self.model = load_model(config, show_progress, self.tp)
         kv_heads = num_kv_heads_per_rank(config.model.num_kv_heads, self.tp.size)
