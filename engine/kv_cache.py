@@ -8,12 +8,13 @@ default the model's), and every rank has the same number of blocks.
 """
 
 import logging
+import time
 
 import numpy as np
 import torch
 
 from engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, CacheConfig, ModelConfig
-from engine.cpu_memory import huge_pages
+from engine.cpu_memory import fault_in, huge_pages
 
 logger = logging.getLogger("tandem.engine")
 
@@ -60,16 +61,18 @@ def allocate_kv_caches(
 ) -> KVCaches:
     heads = model.num_kv_heads if num_kv_heads is None else num_kv_heads
     shape = (num_blocks, block_size, heads, model.head_dim)
+    started = time.perf_counter()
     caches = [(_zeros(shape, dtype, device), _zeros(shape, dtype, device)) for _ in range(model.num_layers)]
     total = 2 * model.num_layers * num_blocks * block_size * heads * model.head_dim
     logger.info(
-        "KV cache: %d blocks of %d tokens = %d tokens max, %.1f MiB (%s, %s)",
+        "KV cache: %d blocks of %d tokens = %d tokens max, %.1f MiB (%s, %s), allocated in %.1f s",
         num_blocks,
         block_size,
         num_blocks * block_size,
         total * torch.tensor([], dtype=dtype).element_size() / 2**20,
         dtype,
         device,
+        time.perf_counter() - started,
     )
     return caches
 
@@ -78,14 +81,14 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Ten
     """Zeroed, not empty: masked-out slots still enter the attention matmul, and stale
     NaN bit patterns there would poison 0 * NaN.
 
-    On CPU the zeros come from calloc (through numpy), whose large allocations are
-    fresh zero pages mapped lazily: gigabytes of cache cost nothing at start-up and
-    pages are faulted in as blocks are first written, in huge pages where the kernel
-    has them (`engine.cpu_memory.huge_pages`: 512 times fewer faults).
+    On CPU the zeros come from calloc (through numpy), in huge pages where the kernel
+    has them, and are faulted in now: a step that writes KV into memory never touched
+    before pays for it there (`engine.cpu_memory`).
     """
     if device.startswith("cuda"):
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size()
     zeros = np.zeros(nbytes, dtype=np.uint8)
     huge_pages(zeros.ctypes.data, nbytes)
+    fault_in(zeros)
     return torch.from_numpy(zeros).view(dtype).view(shape)
