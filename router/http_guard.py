@@ -57,11 +57,11 @@ class RequestGuard:
         if not declared.isdigit() or int(declared) > self.max_body_bytes:
             drain = declared.isdigit() and int(declared) <= _DRAINED * self.max_body_bytes
             return await self._too_large(scope, receive, send, drain)
-        body = await self._read_body(receive)
+        body, more = await self._read_body(receive)
         if body is _GONE:
             return  # the client left before its body ended (or its body deadline passed): nobody to answer
         if body is None:
-            return await self._too_large(scope, receive, send, drain=True)
+            return await self._too_large(scope, receive, send, drain=more)
         await self.app(scope, _replay(body, receive), send)
 
     def _refusal(self, path: str, headers: dict[bytes, bytes]) -> APIError | None:
@@ -80,21 +80,21 @@ class RequestGuard:
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         return None
 
-    async def _read_body(self, receive) -> bytes | object | None:
-        """The whole body; None once it passes the limit (a client may send more than it declared), `_GONE`
-        if the client left first."""
+    async def _read_body(self, receive) -> tuple[bytes | object | None, bool]:
+        """(the whole body; None once it passes the limit (a client may send more than it declared), `_GONE`
+        if the client left first) and whether more of the body is still to come (only after None)."""
         chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                return _GONE
+                return _GONE, False
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
+            more = message.get("more_body", False)
             if size > self.max_body_bytes:
-                return None
-            if not message.get("more_body", False):
-                break
-        return b"".join(chunks)
+                return None, more  # no more: asking `receive` again would wait for the client to leave
+            if not more:
+                return b"".join(chunks), False
 
     async def _too_large(self, scope, receive, send, drain: bool):
         """413; with `drain`, after reading what is left of the body up to a few times the limit (dropped as
