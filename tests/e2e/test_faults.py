@@ -106,11 +106,20 @@ def test_kill_9_a_decode_worker_under_16_open_streams(ray_session, model):
 
 
 async def _hit_the_busier_decode_worker(stack, n: int, fault, ray) -> tuple:
-    """Open a stream per prompt; once each has 2 tokens, `fault(ray, actor)` the decode worker holding the most;
-    return (its state, how many it held, every stream's result)."""
+    """Open a stream per prompt; once the router has 2 tokens of each, `fault(ray, actor)` the decode worker
+    holding the most; return (its state, how many it held, every stream's result).
+
+    The router's count, not the client's: the router takes tokens as the workers make them, and a client
+    slowed by a loaded machine may see its second token after the workers finished."""
     client, progress = _client(stack), [0] * len(PROMPTS)
     streams = [asyncio.create_task(_stream(client, ids, n, progress, i)) for i, ids in enumerate(PROMPTS)]
-    while min(progress) < 2 and not any(s.done() for s in streams):
+    dispatcher = stack.app.state.router.dispatcher
+
+    def two_tokens_of_each() -> bool:
+        generations = list(dispatcher.active.values())
+        return len(generations) == len(PROMPTS) and all(len(g.outputs.delivered) >= 2 for g in generations)
+
+    while not two_tokens_of_each() and not any(s.done() for s in streams):
         await asyncio.sleep(0.005)
     victim = max(stack.registry.live("decode"), key=lambda w: w.in_flight)
     held = victim.in_flight

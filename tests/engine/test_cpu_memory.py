@@ -43,7 +43,7 @@ def test_an_engines_steps_reuse_their_activations_pages_instead_of_faulting_in_n
     # glibc alone is bimodal here: 0-1,536 faults over these 3 steps in some processes, 120k-150k in others
     # (its adaptive mmap threshold); kept, the pages are always reused.
     kept = _faults_per_step("kept")
-    assert kept < 3000, kept
+    assert kept < 20_000, kept  # 0-3,300 seen (what else the process allocates meanwhile)
 
 
 def test_a_buffer_asked_for_huge_pages_faults_in_a_few_of_them_not_thousands_of_small_ones():
