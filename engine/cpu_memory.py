@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
-
-logger = logging.getLogger("tandem.engine")
+import functools
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 _MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest (64-bit): bigger blocks are always mapped on their own
@@ -30,6 +28,7 @@ _PAGE = 4096
 _NEVER_TRIM = 2**31 - 1  # mallopt takes a C int: the largest free heap top kept (2 GiB)
 
 
+@functools.cache
 def _libc():
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

@@ -24,8 +24,11 @@ import json
 import logging
 import resource
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from router.errors import APIError
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +50,10 @@ class ConnectionLimits:
 
 def protocol_for(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     """uvicorn's `http` protocol class, with `limits` (and a connection bound the fd limit can hold)."""
-    allowed = min(limits.max_connections, open_files_limit() - _FDS_KEPT)
+    files = open_files_limit()
+    allowed = min(limits.max_connections, files - _FDS_KEPT)
     if allowed < limits.max_connections:
-        log.warning("at most %d connections: the open-files limit is %d", allowed, open_files_limit())
+        log.warning("at most %d connections: the open-files limit is %d", allowed, files)
     return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"limits": limits, "max_connections": allowed})
 
 
@@ -144,10 +148,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
 
 def _error(status: int, message: str, code: str) -> bytes:
-    """A whole HTTP/1.1 response carrying an OpenAI-format error, closing the connection."""
-    reason = {408: "Request Timeout", 503: "Service Unavailable"}[status]
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error" if status < 500 else
-                                 "server_error", "param": None, "code": code}}).encode()  # fmt: skip
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            f"connection: close\r\n\r\n")  # fmt: skip
+    """A whole HTTP/1.1 response carrying the router's OpenAI-format error, closing the connection."""
+    body = json.dumps(APIError(status, message, code=code).body()).encode()
+    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")  # fmt: skip
     return head.encode() + body

@@ -36,8 +36,6 @@ def event(payload: dict) -> bytes:
 class SSEStream(Response):
     """A starlette `Response` (what FastAPI passes through as it is) that writes itself; no length: chunked."""
 
-    media_type = "text/event-stream"
-
     def __init__(self, running: RunningRequest, payloads: AsyncIterator[dict], max_backlog_bytes: int):
         self.status_code, self.background = 200, None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
