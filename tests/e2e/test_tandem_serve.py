@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import openai
 import psutil
@@ -109,6 +110,11 @@ def test_serve_exits_non_zero_when_its_ray_cluster_is_killed(tiny_model_dirs, tm
     proc = _serve(tiny_model_dirs["llama"], port, log)
     try:
         _wait_healthy(proc, f"http://127.0.0.1:{port}")
+        # The router answers /health before `tandem serve` has finished starting (its last calls through
+        # Ray): kill Ray once it serves, which is what this test is about.
+        deadline = time.monotonic() + 120
+        while "tandem: serving" not in Path(log.name).read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
         started = psutil.Process(proc.pid).children(recursive=True)
         ray_core = [p for p in started if p.name() in ("gcs_server", "raylet")]
         assert len(ray_core) == 2, [p.name() for p in started]
