@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import openai
 import pytest
@@ -111,6 +112,8 @@ async def _hit_the_busier_decode_worker(stack, n: int, fault, ray) -> tuple:
 
     The router's count, not the client's: the router takes tokens as the workers make them, and a client
     slowed by a loaded machine may see its second token after the workers finished."""
+    for name in ("decode-0", "decode-1"):  # steps a loaded machine cannot outrun: no stream ends before the fault
+        await asyncio.to_thread(_slow_steps, ray, stack.actors[name], 0.03)
     client, progress = _client(stack), [0] * len(PROMPTS)
     streams = [asyncio.create_task(_stream(client, ids, n, progress, i)) for i, ids in enumerate(PROMPTS)]
     dispatcher = stack.app.state.router.dispatcher
@@ -125,6 +128,21 @@ async def _hit_the_busier_decode_worker(stack, n: int, fault, ray) -> tuple:
     held = victim.in_flight
     await asyncio.to_thread(fault, ray, stack.actors[victim.name])
     return victim, held, await asyncio.gather(*streams, return_exceptions=True)
+
+
+def _slow_steps(ray, actor, seconds: float) -> None:
+    """Each forward of the worker takes `seconds` longer (its output is unchanged)."""
+
+    def slow(a):
+        execute = a.hosted.worker.engine.runner.execute
+
+        def slowed(*args, **kwargs):
+            time.sleep(seconds)
+            return execute(*args, **kwargs)
+
+        a.hosted.worker.engine.runner.execute = slowed
+
+    ray.get(actor.__ray_call__.remote(slow))
 
 
 def _break_every_step(ray, actor) -> None:
