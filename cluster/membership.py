@@ -103,7 +103,8 @@ class Membership:
 
 def _entry(worker) -> WantedMember:
     """`worker`: a `cluster.workers.PoolWorker` that serves (its control address learnt)."""
-    return WantedMember(worker.name, worker.role, worker.actor_id, worker.control_address)
+    return WantedMember(worker.name, worker.role, worker.actor_id, worker.control_address,
+                        sender_key=worker.sender_key)  # fmt: skip
 
 
 def _holds(report: dict[str, MemberView], entry: WantedMember, draining: bool) -> bool:

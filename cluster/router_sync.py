@@ -58,7 +58,7 @@ class RouterSync:
                 self._incarnation.pop(name, None)
         for entry in wanted.members:
             if entry.name not in self.registry.workers:
-                self.registry.register(entry.name, entry.role, self._endpoint(entry))
+                self.registry.register(entry.name, entry.role, self._endpoint(entry), entry.sender_key)
                 self._incarnation[entry.name] = entry.incarnation
             if entry.draining and not self.registry.workers[entry.name].draining:
                 self.registry.drain(entry.name)

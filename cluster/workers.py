@@ -11,8 +11,9 @@ worker over its rank 0's control socket (`endpoint`, router.control_client),
 bound on loopback or, with `data_plane: node_ip`, on the node's address; Ray
 stays for the lifecycle (start, health, stop).
 
-Each worker process gets the cluster's key (spec.cluster_key) in its environment,
-through Ray's runtime_env, for its internal sockets (wire.socket_security).
+Each worker gets the cluster's key (spec.cluster_key) in its config, an argument of
+its actors (never Ray's runtime_env), for its internal sockets; it makes its own
+sender key, whose public half `wait_ready` learns for the router (wire.socket_security).
 
 Launched with a namespace (the deployment's), every rank and the placement
 group are named and detached (`cluster.actor_names`): they outlive the
@@ -39,7 +40,6 @@ from engine.llm_engine import EngineArgs
 from wire.codec import decode
 from router.control_client import ControlEndpoint, control_endpoint
 from wire.requests import WorkerLoad
-from wire.socket_security import ClusterKey, worker_runtime_env
 from prefill_worker.actor import PrefillActor
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.actor import ACTOR_OPTIONS
@@ -79,6 +79,7 @@ class PoolWorker:
     started_at: float = dataclasses.field(default_factory=time.monotonic)
     control_address: str = ""  # rank 0's control socket, learnt by `wait_ready`
     actor_id: str = ""  # rank 0's Ray actor id, learnt by `wait_ready`: its incarnation, the same to every controller
+    sender_key: str = ""  # the public key rank 0's token deltas carry, learnt by `wait_ready` ("" unauthenticated)
 
     def endpoint(self, key=None) -> ControlEndpoint:
         """How the router calls this worker: over rank 0's control socket (call after `wait_ready`),
@@ -103,11 +104,12 @@ class PoolWorker:
         self.learn_whereabouts(timeout_s)
 
     def learn_whereabouts(self, timeout_s: float) -> None:
-        """Its node, rank 0's actor id and control address (rank 0 must be serving)."""
+        """Its node, rank 0's actor id, control address and sender key (rank 0 must be serving)."""
         import ray
 
         self.node_id, self.actor_id = ray.get(self.rank0.__ray_call__.remote(_whereabouts), timeout=timeout_s)
         self.control_address = ray.get(self.rank0.control_address.remote(), timeout=timeout_s)
+        self.sender_key = ray.get(self.rank0.sender_key.remote(), timeout=timeout_s)
 
     def probes(self) -> list[RayProbe]:
         """A heartbeat per rank (`cluster.heartbeat`): rank 0's `load()`, each follower's readiness."""
@@ -183,10 +185,18 @@ def _whereabouts(_actor) -> tuple[str, str]:
     return context.get_node_id(), context.get_actor_id()
 
 
+def worker_config(spec: ClusterSpec, role: str, name: str) -> PrefillWorkerConfig | DecodeWorkerConfig:
+    """What the worker `name` of `role`'s pool is configured with, the cluster key included."""
+    if role == "prefill":
+        return PrefillWorkerConfig(name, host=bind_host(spec), cluster_key=spec.cluster_key)
+    return decode_config(spec, name)
+
+
 def decode_config(spec: ClusterSpec, name: str) -> DecodeWorkerConfig:
     """With no prefill pool (colocated mode; the router sends no prefill worker) every prompt is prefilled here."""
     return DecodeWorkerConfig(name, host=bind_host(spec), kv_transfer_failure=spec.kv_transfer_failure,
-                              local_prefill_threshold=COLOCATED_THRESHOLD if spec.prefill.replicas == 0 else 0)  # fmt: skip
+                              local_prefill_threshold=COLOCATED_THRESHOLD if spec.prefill.replicas == 0 else 0,
+                              cluster_key=spec.cluster_key)  # fmt: skip
 
 
 def bind_host(spec: ClusterSpec) -> str:
@@ -210,16 +220,15 @@ def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace
     import ray
 
     pool, args = spec.pool(role), engine_args_for(spec, role)
-    config = PrefillWorkerConfig(name, host=bind_host(spec)) if role == "prefill" else decode_config(spec, name)
+    config = worker_config(spec, role, name)
     actor_cls = ACTOR_CLASSES[role]
-    key_env = {"runtime_env": worker_runtime_env(ClusterKey.parse(spec.cluster_key))} if spec.cluster_key else {}
     if pool.tensor_parallel_size == 1:
         named = detached(namespace, rank0_name(name, restarts))
-        options = {"num_cpus": 0, **ACTOR_OPTIONS, **placement_options(pool), **key_env, **named}
+        options = {"num_cpus": 0, **ACTOR_OPTIONS, **placement_options(pool), **named}
         rank0 = ray.remote(actor_cls).options(**options).remote(args, config, pool.torch_threads)
         return PoolWorker(name, role, rank0, restarts=restarts)
     bundle = {**pool.resources, **({"GPU": pool.num_gpus} if pool.num_gpus else {})}
     tp = start_tp_actors(actor_cls, args, config, pool.torch_threads, spec.health.start_timeout_s, bundle=bundle,
                          label_selector=dict(pool.node_labels) or None, names=tp_names(namespace, name, restarts),
-                         **ACTOR_OPTIONS, **key_env)  # fmt: skip
+                         **ACTOR_OPTIONS)  # fmt: skip
     return PoolWorker(name, role, tp.rank0, tp, restarts=restarts)

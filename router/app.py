@@ -73,7 +73,7 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
 
     registry = registry or WorkerRegistry(make_policy(config.routing_policy, **dict(config.routing_options)))
     registry.judge_by(config.liveness)  # also a registry the cluster built: the config says how workers are judged
-    stream = TokenStreamConsumer(config.stream_address, config.cluster_key)
+    stream = TokenStreamConsumer(config.stream_address, config.cluster_key, registry.sender_name)
     metrics = RouterMetrics(registry)
     dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff, config.max_resumes,
                             config.local_prefill, metrics.local_prefill_started,

@@ -159,6 +159,7 @@ class Dispatcher:
         gen.decode.in_flight += 1
         if gen.prefill is not None:
             gen.prefill.in_flight += 1
+        gen.outputs.senders = frozenset(w.name for w in (gen.decode, gen.prefill) if w is not None)
         self._charge_prompt(gen, gen.prefill or gen.decode, len(request.prompt_token_ids))
         try:
             reservation = await start_request(

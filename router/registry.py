@@ -95,6 +95,7 @@ class WorkerRegistry:
         self.liveness, self.clock = liveness, clock  # how workers are judged (`judge_by`); the clock for tests
         self.workers: dict[str, WorkerState] = {}
         self._dead_listeners: list[Callable[[WorkerState], None]] = []
+        self._senders: dict[str, str] = {}  # sender public key -> worker name (`sender_name`)
 
     def judge_by(self, liveness: LivenessPolicy) -> None:
         """Judge workers by `liveness` from now on (the router app applies its `RouterConfig.liveness`
@@ -104,15 +105,19 @@ class WorkerRegistry:
             state.liveness.policy = liveness
 
     # ---- membership (called by the cluster) -------------------------------
-    def register(self, name: str, role: Role, endpoint) -> WorkerState:
-        """Add a worker; `endpoint` has async `reserve`/`prefill`, `abort`, `load` (a `router.control_client.ControlEndpoint`)."""
+    def register(self, name: str, role: Role, endpoint, sender_key: str = "") -> WorkerState:
+        """Add a worker; `endpoint` has async `reserve`/`prefill`, `abort`, `load` (a `router.control_client.ControlEndpoint`).
+
+        `sender_key`: the public key its token deltas carry (wire.socket_security; "": unauthenticated)."""
         old = self.workers.get(name)
         if old is not None and old.alive:
             raise ValueError(f"worker {name!r} is already registered")
         if old is not None:  # a dead worker of that name comes back: its old connection goes
             old.endpoint.close()
         guarded = GuardedEndpoint(endpoint, name, self._call_failed)
-        state = self.workers[name] = WorkerState(name, role, guarded, liveness=Liveness(self.liveness, self.clock))
+        state = self.workers[name] = WorkerState(name, role, guarded, liveness=Liveness(self.liveness, self.clock),
+                                                 sender_key=sender_key)  # fmt: skip
+        self._index_senders()
         return state
 
     def unregister(self, name: str) -> None:
@@ -121,6 +126,16 @@ class WorkerRegistry:
         state = self.workers.pop(name, None)
         if state is not None:
             state.endpoint.close()
+        self._index_senders()
+
+    def sender_name(self, public_key: str) -> str | None:
+        """The registered worker whose token deltas carry `public_key` (None: none). Safe from any thread:
+        the token stream's authenticator asks it at each connection."""
+        return self._senders.get(public_key)
+
+    def _index_senders(self) -> None:
+        # A new dict each time, never changed in place: another thread may be reading the old one.
+        self._senders = {w.sender_key: w.name for w in self.workers.values() if w.sender_key}
 
     def drain(self, name: str) -> None:
         """Send the worker no new requests; those it holds finish (then the cluster unregisters it)."""

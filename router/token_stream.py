@@ -14,6 +14,11 @@ attempt sent beyond the tokens already handed out, and the new attempt's
 output indices (which count from 0 again) are shifted past those tokens, so
 the tokens come out as one stream and the text made of them
 (`router.choice_output`) needs to know nothing of attempts.
+
+With a cluster key, the socket admits only registered workers' sender keys
+(`senders`, wire.socket_security), and a delta is taken only from a worker the
+request's current attempt runs on (`RequestOutputs.senders`): a worker cannot
+write into a stream it was not given. Others are refused (`wrong_sender`).
 """
 
 from __future__ import annotations
@@ -23,13 +28,13 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import zmq
 
 from wire.codec import DecodeError, decode
 from wire.requests import TokenDelta, TokenLogprob
-from wire.socket_security import ClusterKey, bind_secured, refuse
+from wire.socket_security import ClusterKey, bind_secured, process_key, refuse
 
 logger = logging.getLogger("tandem.router")
 
@@ -74,6 +79,9 @@ class RequestOutputs:
         # Called (on the consumer's task) with a `resumable` final delta instead of ending the stream:
         # its worker gave the request up, and the dispatcher moves it to another.
         self.on_given_up = None
+        # Names of the workers whose deltas it takes (the current attempt's; set by the dispatcher at
+        # each handoff); None: any admitted sender's.
+        self.senders: frozenset[str] | None = None
 
     @property
     def attempt_tokens(self) -> int:
@@ -155,11 +163,14 @@ class RequestOutputs:
 class TokenStreamConsumer:
     """Bound on `start()` (on the router's loop); `open(request_id)` before the request is sent anywhere.
 
-    `key`: the cluster key workers authenticate with (None: the process's, if any; see
-    `wire.socket_security`). Undecodable or wrong-type messages are refused and counted."""
+    `key`: the cluster key of the router's sockets (None: the process's, if any; see
+    `wire.socket_security`). `senders`: a registered worker's name from the public key its deltas
+    carry (None: unknown); with a key, only those workers connect, and each delta's sender is checked.
+    Undecodable or wrong-type messages are refused and counted."""
 
-    def __init__(self, address: str = "tcp://127.0.0.1:0", key: ClusterKey | None = None):
-        self._bind_address, self._key = address, key
+    def __init__(self, address: str = "tcp://127.0.0.1:0", key: ClusterKey | None = None,
+                 senders: Callable[[str], str | None] = lambda public_key: None):  # fmt: skip
+        self._bind_address, self._key, self._senders = address, key or process_key(), senders
         self.address = ""
         self._requests: dict[str, RequestOutputs] = {}
         self._sock: zmq.Socket | None = None
@@ -169,7 +180,8 @@ class TokenStreamConsumer:
         self._sock = zmq.Context.instance().socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, 0)  # never drop a delta: a slow router queues them (see `RequestOutputs`)
-        self.address = bind_secured(self._sock, self._bind_address, "token_stream", key=self._key)
+        self.address = bind_secured(self._sock, self._bind_address, "token_stream", key=self._key,
+                                    senders=self._senders)  # fmt: skip
         # Read straight off the socket's FD: every delta waiting is taken in one wake-up, without the
         # future per message that zmq.asyncio makes (two deltas per request add up at thousands a second).
         self._loop = asyncio.get_running_loop()
@@ -192,17 +204,28 @@ class TokenStreamConsumer:
     def _read(self) -> None:
         while self._sock is not None:
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                frame = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)[0]  # a delta is one frame
             except zmq.Again:
                 return
             try:
-                delta = decode(frames[0], TokenDelta)
+                delta = decode(frame.bytes, TokenDelta)
             except DecodeError as err:
                 refuse("token_stream", err.reason, err)
                 continue
             outputs = self._requests.get(delta.request_id)
-            if outputs is not None:
-                outputs.put(delta)
+            if outputs is None:
+                continue
+            sender = self._sender_of(frame)
+            if outputs.senders is not None and sender is not None and sender not in outputs.senders:
+                refuse("token_stream", "wrong_sender", f"{sender} sent a delta of {delta.request_id}")
+                continue
+            outputs.put(delta)
+
+    def _sender_of(self, frame: zmq.Frame) -> str | None:
+        """The registered worker that sent `frame` (None: the socket authenticates nobody)."""
+        if self._key is None:
+            return None
+        return self._senders(frame.get("User-Id")) or "an unregistered worker"
 
     async def close(self) -> None:
         if self._sock is not None:

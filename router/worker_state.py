@@ -40,6 +40,7 @@ class WorkerState:
     # and its measured prompt rate (from its load reports).
     prompt_tokens_queued: int = 0
     prompt_rate: PromptRate = field(default_factory=PromptRate)
+    sender_key: str = ""  # the public key its token deltas carry (wire.socket_security; "": unauthenticated)
 
     @property
     def pending(self) -> int:

@@ -5,6 +5,7 @@
     start(init_addr)              join the group: rank 0 hosts the worker, rank r > 0 a follower
                                   (its answer is its endpoint, for rank 0's `attach_followers`)
     control_address()             where the router calls it (the control socket, served by the I/O thread)
+    sender_key()                  the public key its token deltas carry (the router admits only registered ones)
     load()                        the controller's heartbeat: answered from the load board
     is_idle(), pool_all_free()    from the board (is_idle answering at all also means "built")
     attach_followers(endpoints)   tensor parallel rank 0, at start-up
@@ -28,6 +29,7 @@ from runtime.load_board import LoadBoard
 from runtime.priority import run_at_normal_priority
 from runtime.worker_config import on_this_node
 from wire.codec import encode
+from wire.socket_security import sender_public_key, use_cluster_key
 
 # Options every worker actor needs: a thread for heartbeats beside a long start or shutdown.
 ACTOR_OPTIONS = {"max_concurrency": 8}
@@ -35,6 +37,7 @@ ACTOR_OPTIONS = {"max_concurrency": 8}
 
 class WorkerActor:
     def __init__(self, engine_args, config, torch_threads: int | None = 1, rank: int | None = None):
+        use_cluster_key(config.cluster_key)  # before any socket of this process opens
         run_at_normal_priority(config.name)
         if torch_threads is not None:
             import torch
@@ -83,6 +86,10 @@ class WorkerActor:
     # ---- lifecycle ------------------------------------------------------------------
     def control_address(self) -> str:
         return self.hosted.worker.control_address
+
+    def sender_key(self) -> str:
+        """The public key its token deltas carry ("" unauthenticated): the cluster registers it with the router."""
+        return sender_public_key()
 
     def load(self, _=None) -> bytes:
         return encode(self.board.heartbeat())

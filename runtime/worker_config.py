@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvtransfer.connector import TransferTimeouts
 from runtime.arrival_window import ArrivalWindowConfig
@@ -23,6 +23,10 @@ class WorkerConfig:
     router_lease_s: float = 60.0  # no control call for this long: the router is gone, end what we hold
     # An idle engine's first step waits a few ms while a burst of prompts keeps arriving (runtime.arrival_window).
     arrival_window: ArrivalWindowConfig = ArrivalWindowConfig()
+    # The cluster's CURVE key ('<public>:<secret>'; "": unauthenticated sockets). The actor installs it
+    # before any socket opens (wire.socket_security.use_cluster_key): it travels in the actor's creation
+    # arguments, never in Ray's runtime_env.
+    cluster_key: str = field(default="", repr=False)
 
     @property
     def bind_address(self) -> str:

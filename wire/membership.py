@@ -62,6 +62,7 @@ class WantedMember:
     incarnation: str  # rank 0's Ray actor id: a worker restarted under its name gets a new one
     control_address: str  # rank 0's control socket
     draining: bool = False
+    sender_key: str = ""  # the public key its token deltas carry ("" unauthenticated): the router admits it
 
 
 @message

@@ -17,13 +17,16 @@ import zmq
 
 from wire.codec import DecodeError, decode, encode
 from wire.requests import TokenDelta
-from wire.socket_security import bind_secured, connect_secured, refuse
+from wire.socket_security import bind_secured, connect_secured, refuse, sender_keypair
 
 logger = logging.getLogger("tandem.kvtransfer")
 
 
 class Pushers:
-    """One connected PUSH socket per destination; sends never block the step loop."""
+    """One connected PUSH socket per destination; sends never block the step loop.
+
+    A destination takes one kind of message: token deltas (the router's stream, signed with this
+    process's sender key) or a peer's messages (with the cluster key)."""
 
     def __init__(self, send_hwm: int = 100_000):
         self._ctx = zmq.Context.instance()
@@ -37,7 +40,8 @@ class Pushers:
             sock = self._socks[address] = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 1000)  # a worker shutting down still flushes its last deltas
             sock.setsockopt(zmq.SNDHWM, self._send_hwm)
-            connect_secured(sock, address)
+            # The router takes a request's deltas only from its workers: they go with this process's own key.
+            connect_secured(sock, address, sender=sender_keypair() if isinstance(msg, TokenDelta) else None)
         try:
             sock.send(encode(msg), zmq.NOBLOCK)
             return True

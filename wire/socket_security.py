@@ -14,14 +14,26 @@ One call per socket, before it binds or connects. What it does:
   ZMQ context) admits only clients holding a cluster key's secret. A client
   without it never completes the handshake (counted `unauthenticated`, or
   `bad_handshake` when it speaks no CURVE, or no ZMTP at all).
+- A socket bound with `senders` (the router's token stream) admits no cluster
+  key but the sender keys that function knows, each a worker's own, and each
+  message it receives carries its sender's public key (ZMQ's `User-Id`).
 - Binds only to a given interface (loopback or the node's address), never to
   a wildcard.
 
 The cluster key: one CURVE keypair per cluster, made by whoever starts the
 cluster (`ClusterKey.generate()`, `cluster.deployment`), given to the router
-in its config and to each worker process in the environment variable
-`TANDEM_CLUSTER_KEY` (`worker_runtime_env`). A process without a key (unit
-tests, scripts) runs its sockets unauthenticated; size limits still hold.
+in its config and to each worker in its `WorkerConfig.cluster_key`, which the
+actor hands to `use_cluster_key` before it opens a socket. It travels in the
+actor's creation arguments, never in Ray's runtime_env (which Ray's state API
+and dashboard show). A process without a key (unit tests, scripts) runs its
+sockets unauthenticated; size limits still hold; `TANDEM_CLUSTER_KEY` gives one
+to a process started by hand.
+
+A sender key: each worker process makes its own keypair (`sender_keypair()`);
+its secret never leaves the process. It signs the token deltas the worker
+pushes to the router (`connect_secured(..., sender=...)`); the worker reports
+the public half when it registers, and the router takes a request's deltas
+only from the workers that run it.
 
 Counters (`refusals()`) are per process and per socket kind; the router
 exports them to Prometheus as `tandem:internal_messages_refused_total`.
@@ -35,6 +47,7 @@ import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 from urllib.parse import urlsplit
 
 import zmq
@@ -49,7 +62,8 @@ _WILDCARD_HOSTS = {"*", "0.0.0.0", "::", ""}
 
 @dataclass(frozen=True)
 class ClusterKey:
-    """A CURVE keypair (Z85 text) shared by every member of one cluster: servers and clients both use it."""
+    """A CURVE keypair (Z85 text): the cluster's, shared by every member (servers and clients both use it),
+    or a worker process's own sender key (`sender_keypair`)."""
 
     public: str
     secret: str = field(repr=False)
@@ -66,34 +80,62 @@ class ClusterKey:
     def parse(cls, text: str) -> "ClusterKey":
         public, separator, secret = text[:40], text[40:41], text[41:]  # Z85 itself may contain ':'
         if len(text) != 81 or separator != ":":
-            raise ValueError(f"{ENV_VAR} must be '<public>:<secret>', each 40 Z85 characters")
+            raise ValueError("a cluster key must be '<public>:<secret>', each 40 Z85 characters")
         return cls(public, secret)
 
 
+_process_key: list[ClusterKey] = []  # set by `use_cluster_key`; unset: the environment's
+
+
+def use_cluster_key(text: str) -> None:
+    """This process's sockets authenticate with the key `text` ('<public>:<secret>'), whatever
+    `TANDEM_CLUSTER_KEY` says; "": the environment's, if any. A worker actor calls it first, with its
+    config's key."""
+    _process_key[:] = [ClusterKey.parse(text)] if text else []
+
+
 def process_key() -> ClusterKey | None:
-    """This process's cluster key, from `TANDEM_CLUSTER_KEY` (None: unauthenticated sockets)."""
+    """This process's cluster key (`use_cluster_key`, else `TANDEM_CLUSTER_KEY`; None: unauthenticated)."""
+    if _process_key:
+        return _process_key[0]
     text = os.environ.get(ENV_VAR, "")
     return ClusterKey.parse(text) if text else None
 
 
-def worker_runtime_env(key: ClusterKey | None) -> dict:
-    """The Ray `runtime_env` that hands `key` to a worker actor's process (empty without a key)."""
-    return {"env_vars": {ENV_VAR: key.encoded()}} if key is not None else {}
+_sender_keypair: list[ClusterKey] = []
+_sender_lock = threading.Lock()
+
+
+def sender_keypair() -> ClusterKey:
+    """This process's own keypair, made on first use: the identity its token deltas carry to the router."""
+    with _sender_lock:
+        if not _sender_keypair:
+            _sender_keypair.append(ClusterKey.generate())
+        return _sender_keypair[0]
+
+
+def sender_public_key() -> str:
+    """What a worker reports when it registers: its sender key's public half ("" without a cluster key,
+    when nothing is authenticated)."""
+    return sender_keypair().public if process_key() is not None else ""
 
 
 def bind_secured(sock: zmq.Socket, address: str, kind: str, max_message_bytes: int = SMALL_MESSAGE_BYTES,
-                 key: ClusterKey | None = None) -> str:  # fmt: skip
+                 key: ClusterKey | None = None, senders: Callable[[str], str | None] | None = None) -> str:  # fmt: skip
     """Limit, authenticate (with a key), watch and bind `sock`; return the address it bound (port 0 resolved).
 
     `kind` names the socket in the counters ("token_stream", "kv", "rank_link", "inbox", "control"...);
-    `key` None: this process's key (`process_key()`), if it has one."""
+    `key` None: this process's key (`process_key()`), if it has one. `senders` (public key -> the
+    sender's name, None: unknown), with a key: only those senders' keys are admitted, not the cluster's;
+    it is called on the authenticator's thread."""
     host = urlsplit(address).hostname if address.startswith("tcp://") else "local"
     if host is None or host.strip("[]") in _WILDCARD_HOSTS:
         raise ValueError(f"{address}: internal sockets bind to one interface (loopback or the node's address)")
     key = key or process_key()
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     if key is not None:
-        _authenticator(sock.context).allow(kind, key)
+        admitted = (lambda public: senders(public) is not None) if senders is not None else None
+        _authenticator(sock.context).allow(kind, key, admitted)
         sock.setsockopt(zmq.ZAP_DOMAIN, kind.encode())
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, key.secret.encode())
@@ -103,14 +145,18 @@ def bind_secured(sock: zmq.Socket, address: str, kind: str, max_message_bytes: i
 
 
 def connect_secured(sock: zmq.Socket, address: str, max_message_bytes: int = SMALL_MESSAGE_BYTES,
-                    key: ClusterKey | None = None) -> None:  # fmt: skip
-    """Limit what `sock` receives, present the cluster key (with one), and connect it to `address`."""
+                    key: ClusterKey | None = None, sender: ClusterKey | None = None) -> None:  # fmt: skip
+    """Limit what `sock` receives, present the cluster key (with one), and connect it to `address`.
+
+    `sender`: the keypair to present instead of the cluster key (a worker's own, `sender_keypair()`,
+    to a socket bound with `senders`); the server is still known by the cluster key."""
     key = key or process_key()
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     if key is not None:
+        client = sender or key
         sock.setsockopt(zmq.CURVE_SERVERKEY, key.public.encode())
-        sock.setsockopt(zmq.CURVE_PUBLICKEY, key.public.encode())
-        sock.setsockopt(zmq.CURVE_SECRETKEY, key.secret.encode())
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, client.public.encode())
+        sock.setsockopt(zmq.CURVE_SECRETKEY, client.secret.encode())
     sock.connect(address)
 
 
@@ -143,14 +189,17 @@ def refusals() -> dict[tuple[str, str], int]:
 
 
 class _KeyCheck:
-    """The ZAP callback: a client is let in if it holds the secret of a key some socket here was bound with."""
+    """The ZAP callback: a client is let in if it holds the secret of a key some socket here was bound
+    with, or, on a domain bound with senders, if that domain's check knows its key."""
 
     def __init__(self):
         self.allowed: set[str] = set()
+        self.by_domain: dict[str, Callable[[str], bool]] = {}
 
     def callback(self, domain: str, client_key: bytes | str) -> bool:
         key = client_key.decode() if isinstance(client_key, bytes) else client_key
-        return key in self.allowed
+        check = self.by_domain.get(domain)
+        return check(key) if check is not None else key in self.allowed
 
 
 class _Authenticator:
@@ -161,8 +210,11 @@ class _Authenticator:
         self._auth = ThreadAuthenticator(zmq.Context.shadow(context.underlying), log=logging.getLogger("tandem.zap"))
         self._auth.start()
 
-    def allow(self, kind: str, key: ClusterKey) -> None:
-        self._check.allowed.add(key.public)
+    def allow(self, kind: str, key: ClusterKey, admitted: Callable[[str], bool] | None = None) -> None:
+        if admitted is not None:
+            self._check.by_domain[kind] = admitted
+        else:
+            self._check.allowed.add(key.public)
         self._auth.configure_curve_callback(domain=kind, credentials_provider=self._check)
 
 

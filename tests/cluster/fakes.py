@@ -56,6 +56,7 @@ class FakeWorker:
     node_id: str = "fake-node-0"
     actor_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     control_address: str = "tcp://127.0.0.1:1"  # nobody listens: nothing here calls it
+    sender_key: str = ""
     quick_deaths: int = 0
     started_at: float = field(default_factory=time.monotonic)
     building: object = None  # called by wait_ready, e.g. a Barrier's wait or an Event's wait

@@ -1,4 +1,4 @@
-"""Each deployment gets its own cluster key unless its spec fixes one; the key reaches workers' environments."""
+"""Each deployment gets its own cluster key unless its spec fixes one; the key reaches workers in their config."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from cluster.deployment import with_cluster_key
 from cluster.spec import ClusterSpec, SpecError, parse_spec
-from wire.socket_security import ENV_VAR, ClusterKey, worker_runtime_env
+from cluster.workers import worker_config
 
 
 def test_a_spec_without_a_key_gets_a_new_one_each_time_and_a_fixed_one_is_kept():
@@ -17,11 +17,11 @@ def test_a_spec_without_a_key_gets_a_new_one_each_time_and_a_fixed_one_is_kept()
 
 
 def test_a_malformed_key_in_a_spec_is_refused():
-    with pytest.raises((SpecError, ValueError), match=ENV_VAR):
+    with pytest.raises((SpecError, ValueError), match="cluster key"):
         parse_spec({"cluster_key": "not-a-key"})
 
 
-def test_the_worker_environment_carries_the_key():
-    key = ClusterKey.generate()
-    assert ClusterKey.parse(worker_runtime_env(key)["env_vars"][ENV_VAR]) == key
-    assert worker_runtime_env(None) == {}
+def test_each_worker_config_carries_the_key_and_never_prints_it():
+    spec = with_cluster_key(ClusterSpec())
+    configs = [worker_config(spec, role, f"{role}-0") for role in ("prefill", "decode")]
+    assert all(c.cluster_key == spec.cluster_key and spec.cluster_key[41:] not in repr(c) for c in configs)

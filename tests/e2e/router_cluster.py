@@ -9,7 +9,6 @@ from decode_worker.actor import start_decode_actor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
 from router.control_client import control_endpoint
-from wire.socket_security import worker_runtime_env
 from prefill_worker.actor import start_prefill_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from router.app import create_app
@@ -35,14 +34,14 @@ def router_on_ray(ray, args: EngineArgs, config: RouterConfig, port: int = 0):
     With `config.cluster_key` the workers get it too: every internal socket authenticates.
     On exit the workers must shut down clean (every block free); the actors are killed either way.
     """
-    keyed = {"runtime_env": worker_runtime_env(config.cluster_key)} if config.cluster_key else {}  # as cluster/workers
-    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0"), **keyed)
-    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0"), **keyed)
+    key = config.cluster_key.encoded() if config.cluster_key else ""  # as cluster/workers: in the worker's config
+    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0", cluster_key=key))
+    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0", cluster_key=key))
     app = create_app(config)
     ray.get([a.is_idle.remote() for a in (prefill, decode)])  # built: the cluster registers ready workers
     registry = app.state.router.registry
-    registry.register("prefill-0", "prefill", _remote(ray, prefill, config.cluster_key))
-    registry.register("decode-0", "decode", _remote(ray, decode, config.cluster_key))
+    for name, role, actor in (("prefill-0", "prefill", prefill), ("decode-0", "decode", decode)):
+        registry.register(name, role, _remote(ray, actor, config.cluster_key), ray.get(actor.sender_key.remote()))
     server = RouterServer(app, port=port)
     try:
         yield types.SimpleNamespace(server=server, app=app, actors=[prefill, decode])

@@ -101,6 +101,24 @@ def test_workers_land_where_their_pool_says_and_serve_greedy_text(cluster):
     kv_address = ray.get(decode.rank0.__ray_call__.remote(lambda actor: actor.hosted.worker.receiver_address))
     assert kv_address.startswith(f"tcp://{HOST}:")
     assert cluster.deployment.app.state.router.dispatcher.stream.address.startswith(f"tcp://{HOST}:")
+    # The cluster key reached the workers in their config, not in Ray's runtime_env (nor their environment);
+    # the router knows each worker by the sender key it made itself.
+    runtime_envs = ray.get(decode.rank0.__ray_call__.remote(_key_as_ray_sees_it))
+    assert runtime_envs == ({}, None, True)
+    registered = {w.name: w.sender_key for w in cluster.deployment.app.state.router.registry.workers.values()}
+    assert registered == {w.name: ray.get(w.rank0.sender_key.remote()) for w in (prefill, decode)}
+    assert len(set(registered.values())) == 2 and all(registered.values())
+
+
+def _key_as_ray_sees_it(actor) -> tuple:
+    import os
+
+    import ray
+
+    from wire.socket_security import process_key
+
+    env_vars = ray.get_runtime_context().runtime_env.get("env_vars", {})
+    return env_vars, os.environ.get("TANDEM_CLUSTER_KEY"), process_key() is not None
 
 
 def test_a_killed_worker_is_restarted_and_serves_again(cluster):

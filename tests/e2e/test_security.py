@@ -68,7 +68,8 @@ def test_internal_sockets_refuse_hostile_traffic_and_the_cluster_still_serves(se
     clients = send_hostile(stream_address, CLUSTER_KEY, oversized)
     clients += send_hostile(kv_address, CLUSTER_KEY, oversized, zmq.DEALER)
     clients += send_hostile(inbox_address, CLUSTER_KEY, oversized)
-    wait_refused(refusals, router_before, "token_stream")
+    # The router's stream admits the workers' own keys only: even the cluster key's holder never gets in.
+    wait_refused(refusals, router_before, "token_stream", reasons=("unauthenticated", "bad_handshake"))
     for kind in ("kv", "inbox"):
         wait_refused(lambda: _decode_refusals(s), worker_before, kind)
 
@@ -77,7 +78,7 @@ def test_internal_sockets_refuse_hostile_traffic_and_the_cluster_still_serves(se
                                       extra_body={"ignore_eos": True})  # fmt: skip
     assert s.app.state.router.registry.live("decode") and out.choices[0].finish_reason == "length"
     assert out.choices[0].text == _greedy_text(s, prompt)
-    assert delta(refusals(), router_before, "token_stream")["malformed"] == 1  # the oversized frame was never read
+    assert delta(refusals(), router_before, "token_stream")["malformed"] == 0  # nothing of theirs was read
     assert all(delta(_decode_refusals(s), worker_before, kind)["malformed"] == 1 for kind in ("kv", "inbox"))
     metrics = _metrics(s)
     assert 'tandem:internal_messages_refused_total{reason="unauthenticated",socket="token_stream",worker="router"}' \

@@ -29,9 +29,11 @@ NOT_MSGPACK = b"\xc1" + os.urandom(63)  # 0xc1 is never used by msgpack: undecod
 WRONG_TYPE = encode(Refused("a message no bound socket takes"))
 
 
-def send_hostile(address: str, key: ClusterKey, oversized_bytes: int, sock_type: int = zmq.PUSH) -> list:
+def send_hostile(address: str, key: ClusterKey, oversized_bytes: int, sock_type: int = zmq.PUSH,
+                 insider: ClusterKey | None = None) -> list:  # fmt: skip
     """Send every attack to `address`; return the clients, to close once the counters were read
-    (a client still open shows that the dropped connection was the receiver's doing)."""
+    (a client still open shows that the dropped connection was the receiver's doing). `insider`: the
+    keypair the socket admits, when not the cluster key (a registered worker's, on the router's stream)."""
     ctx = zmq.Context.instance()
     clients = []
 
@@ -46,15 +48,15 @@ def send_hostile(address: str, key: ClusterKey, oversized_bytes: int, sock_type:
         clients.append(sock)
         return sock
 
-    insider = ctx.socket(sock_type)
-    insider.setsockopt(zmq.LINGER, 0)
-    connect_secured(insider, address, key=key)
-    clients.append(insider)
-    insider.send(NOT_MSGPACK)
-    insider.send(WRONG_TYPE)
+    member = ctx.socket(sock_type)
+    member.setsockopt(zmq.LINGER, 0)
+    connect_secured(member, address, key=key, sender=insider)
+    clients.append(member)
+    member.send(NOT_MSGPACK)
+    member.send(WRONG_TYPE)
     oversized = ctx.socket(sock_type)  # its own connection: the receiver drops it, not the insider's
     oversized.setsockopt(zmq.LINGER, 0)
-    connect_secured(oversized, address, key=key)
+    connect_secured(oversized, address, key=key, sender=insider)
     clients.append(oversized)
     oversized.send(b"\x00" * oversized_bytes)
     client(ClusterKey.generate()).send(WRONG_TYPE)  # CURVE, but not the cluster's key
@@ -70,12 +72,13 @@ def delta(refusals: dict, before: dict, kind: str) -> dict[str, int]:
     return {reason: refusals.get((kind, reason), 0) - before.get((kind, reason), 0) for reason in EXPECTED_REASONS}
 
 
-def wait_refused(read_refusals, before: dict, kind: str, poll=lambda: None, timeout_s: float = 30.0) -> dict:
-    """Call `poll` (drive the receive loop) until every expected reason was counted on `kind`; return the counts."""
+def wait_refused(read_refusals, before: dict, kind: str, poll=lambda: None, timeout_s: float = 30.0,
+                 reasons: tuple[str, ...] = EXPECTED_REASONS) -> dict:  # fmt: skip
+    """Call `poll` (drive the receive loop) until each of `reasons` was counted on `kind`; return the counts."""
     deadline = time.monotonic() + timeout_s
     while True:
         counts = delta(read_refusals(), before, kind)
-        if all(counts.values()):
+        if all(counts[reason] for reason in reasons):
             return counts
         if time.monotonic() > deadline:
             raise AssertionError(f"{kind}: not every attack was refused and counted: {counts}")

@@ -13,13 +13,14 @@ from kvtransfer import KVReceiver, KVSender, PeerTarget
 from wire.ranks import RankEndpoint
 from wire.requests import FirstToken, PrefillFailed, TokenDelta
 from runtime.rank_links import RankControl, RankLinks
-from wire.socket_security import ENV_VAR, SMALL_MESSAGE_BYTES, ClusterKey, bind_secured, refusals
+from wire.socket_security import ENV_VAR, SMALL_MESSAGE_BYTES, ClusterKey, bind_secured, refusals, sender_keypair
 from wire.push_pull import PullSocket, Pushers
 from router.token_stream import TokenStreamConsumer
 from tests.kvtransfer.hostile import close_all, delta, send_hostile, wait_refused
 from tests.kvtransfer.peers import SPEC, random_caches, same_bits, serving, zero_caches
 
 KEY = ClusterKey.generate()
+INSIDER = ClusterKey.generate()  # a worker's own sender key
 OVERSIZED = SMALL_MESSAGE_BYTES + 1
 
 
@@ -101,11 +102,13 @@ def test_kv_receiver_refuses_and_counts_every_attack_then_a_transfer_lands():
 
 def test_router_token_stream_refuses_and_counts_every_attack_then_streams_a_request():
     async def run():
-        stream = TokenStreamConsumer(key=KEY)
+        # The stream admits registered workers' own keys only: the insider is one, and so is this process.
+        registered = {INSIDER.public: "decode-1", sender_keypair().public: "decode-0"}
+        stream = TokenStreamConsumer(key=KEY, senders=registered.get)
         await stream.start()
         outputs = stream.open("r1")
         before = refusals()
-        clients = send_hostile(stream.address, KEY, OVERSIZED)
+        clients = send_hostile(stream.address, KEY, OVERSIZED, insider=INSIDER)
         await asyncio.to_thread(wait_refused, refusals, before, "token_stream")  # the reader runs meanwhile
         pushers = Pushers()
         pushers.send(stream.address, TokenDelta("r1", 0, (5, 6), True, "length", 3, 2))

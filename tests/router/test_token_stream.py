@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import zmq
 
+from wire.codec import encode
+from wire.socket_security import ClusterKey, connect_secured, refusals
 from wire.requests import TokenDelta, TokenLogprob
 from wire.push_pull import Pushers
 from router.token_stream import StreamFailed, TokenStreamConsumer
@@ -35,3 +38,45 @@ def test_deltas_arriving_out_of_order_come_out_in_order():
     assert [t for c in chunks for t in c.token_ids] == [10, 11, 12, 13]
     assert [lp.logprob for c in chunks for lp in c.logprobs] == [-0.5, -0.1, -0.2, -0.3]
     assert chunks[-1].final.finish_reason == "length" and all(c.final is None for c in chunks[:-1])
+
+
+def test_with_a_cluster_key_a_request_takes_deltas_only_from_the_workers_it_runs_on():
+    """Real CURVE sockets: each worker connects with its own key. A registered worker that does not hold the
+    request is refused (`wrong_sender`), one holding only the cluster key never connects, the holder's
+    delta is taken."""
+    key, holder, other = ClusterKey.generate(), ClusterKey.generate(), ClusterKey.generate()
+    registered = {holder.public: "decode-0", other.public: "decode-1"}
+
+    def push(sender: ClusterKey | None, delta: TokenDelta) -> zmq.Socket:
+        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        connect_secured(sock, stream.address, key=key, sender=sender)
+        sock.send(encode(delta))
+        return sock
+
+    async def until(counted: str, before: dict) -> None:
+        while refusals().get(("token_stream", counted), 0) == before.get(("token_stream", counted), 0):
+            await asyncio.sleep(0.01)
+
+    async def main():
+        await stream.start()
+        outputs = stream.open("r1")
+        outputs.senders = frozenset({"decode-0"})  # as the dispatcher names the attempt's workers
+        before = refusals()
+        forged = TokenDelta("r1", 0, (66, 66), True, "length", 3, 2)
+        sockets = [push(other, forged), push(None, forged)]  # None: the cluster key's holder
+        await asyncio.wait_for(asyncio.gather(until("wrong_sender", before), until("unauthenticated", before)), 30)
+        sockets.append(push(holder, TokenDelta("r1", 0, (5, 6), True, "length", 3, 2)))
+        chunks = await asyncio.wait_for(_all(outputs.chunks()), 30)
+        for sock in sockets:
+            sock.close()
+        await stream.close()
+        return chunks
+
+    stream = TokenStreamConsumer(key=key, senders=registered.get)
+    chunks = asyncio.run(main())
+    assert [t for c in chunks for t in c.token_ids] == [5, 6] and chunks[-1].final is not None
+
+
+async def _all(chunks) -> list:
+    return [c async for c in chunks]
