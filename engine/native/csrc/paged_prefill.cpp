@@ -25,10 +25,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "float_types.h"
 #include "online_softmax.h"
+#include "paged_prefill_bf16dot.h"
 
 namespace {
 
@@ -223,6 +225,20 @@ void paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache, torch
   const int64_t* ids = seqs.data_ptr<int64_t>();
   for (int64_t i = 0; i < seqs.size(0); ++i) TORCH_CHECK(ids[i] >= 0 && ids[i] < num_seqs, "seqs out of range");
   tandem::dispatch_float_bf16(query, "paged_prefill_attention", [&](auto zero) {
-    run<decltype(zero)>(query, key_cache, value_cache, block_tables, seq_lens, query_start, seqs, scale, out);
+    using T = decltype(zero);
+#ifdef TANDEM_PREFILL_BF16DOT
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      namespace dot = tandem::bf16dot;
+      const dot::Shape shape{query.size(1), key_cache.size(2), query.size(2), key_cache.size(1), block_tables.size(1)};
+      if (dot::supports(shape.dim, shape.num_heads / shape.num_kv_heads)) {
+        const auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); };
+        dot::run(bits(query), bits(key_cache), bits(value_cache), block_tables.data_ptr<int64_t>(),
+                 seq_lens.data_ptr<int32_t>(), query_start.data_ptr<int32_t>(), seqs.data_ptr<int64_t>(), seqs.size(0),
+                 shape, static_cast<float>(scale), reinterpret_cast<uint16_t*>(out.data_ptr()));
+        return;
+      }
+    }
+#endif
+    run<T>(query, key_cache, value_cache, block_tables, seq_lens, query_start, seqs, scale, out);
   });
 }
