@@ -67,7 +67,7 @@ class _GenerationFields(BaseModel):
     function_call: str | dict | None = None
 
 
-def _prompt_kind(value: Any) -> str | None:
+def prompt_kind(value: Any) -> str | None:
     """Which form of `prompt` a value is, from its first element: only that form is validated (pydantic's
     union would try each, and a list fails one element at a time: 1M ids cost 177 ms instead of 17)."""
     if isinstance(value, str):
@@ -80,7 +80,7 @@ def _prompt_kind(value: Any) -> str | None:
 Prompt = Annotated[
     Union[Annotated[str, Tag("text")], Annotated[list[str], Tag("texts")], Annotated[list[int], Tag("ids")],
           Annotated[list[list[int]], Tag("id_lists")]],
-    Discriminator(_prompt_kind, custom_error_type="invalid_prompt",
+    Discriminator(prompt_kind, custom_error_type="invalid_prompt",
                   custom_error_message="prompt must be a string, a list of strings, token ids, or lists of token ids"),
 ]  # fmt: skip
 

@@ -9,7 +9,7 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from router.api_models import CompletionRequest
+from router.api_models import CompletionRequest, prompt_kind
 from router.errors import bad_request
 from router.openai_common import (CHAT_ONLY, check_model, collect, refuse_unsupported, response_id, sampling_from,
                                   text_options_from)  # fmt: skip
@@ -88,8 +88,9 @@ async def _chunks(running: RunningRequest, rid: str, created: int, model: Served
 
 
 def _num_prompts(prompt) -> int:
-    """How many prompts `prompt` holds, without tokenizing any (one string or token-id list, or a list)."""
-    return len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+    """How many prompts `prompt` holds, without tokenizing any (one string or token-id list, or a list),
+    by the form the body's model validated it as."""
+    return len(prompt) if prompt_kind(prompt) in ("texts", "id_lists") else 1
 
 
 async def _prompt_ids(prompt, model: ServedModel) -> list[list[int]]:
