@@ -110,7 +110,11 @@ class StreamedRequest:
 
 
 class TokenStream:
-    """Binds a PULL for TokenDeltas; `poll` folds them into per-request `StreamedRequest`s."""
+    """Binds a PULL for TokenDeltas; `poll` folds them into per-request `StreamedRequest`s.
+
+    For processes without a cluster key (scripts, tests): with one, it would admit the cluster key,
+    and workers send their deltas with their own sender keys, which only the router registers
+    (`router.token_stream`)."""
 
     def __init__(self, address: str = "tcp://127.0.0.1:0"):
         self._pull = PullSocket((TokenDelta,), address, kind="token_stream")
