@@ -28,7 +28,7 @@ _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in (
     "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "layer_ops.cpp", "small_linear.cpp", "packed_linear.cpp"
 )]
-_HEADERS = [_CSRC / "float_types.h", _CSRC / "online_softmax.h", _CSRC / "paged_prefill_bf16dot.h"]
+_HEADERS = [_CSRC / name for name in ("float_types.h", "online_softmax.h", "prefill_tasks.h", "paged_prefill_bf16dot.h")]
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]
 
 

@@ -30,6 +30,7 @@
 
 #include "float_types.h"
 #include "online_softmax.h"
+#include "prefill_tasks.h"
 #include "paged_prefill_bf16dot.h"
 
 namespace {
@@ -160,15 +161,9 @@ TileFn<T> pick(int64_t dim) {
 std::vector<Task> tasks_of(const int32_t* lens, const int32_t* starts, const int64_t* seqs, int64_t num_seqs,
                            int64_t num_kv_heads) {
   std::vector<Task> tasks;
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    const int64_t s = seqs[i];
-    const int64_t chunk = starts[s + 1] - starts[s], prefix = lens[s] - chunk;
-    for (int64_t row = 0; row < chunk; row += kTileRows) {
-      for (int64_t kv = 0; kv < num_kv_heads; ++kv) {
-        tasks.push_back({s, starts[s] + row, std::min(kTileRows, chunk - row), prefix + row, kv});
-      }
-    }
-  }
+  tandem::for_each_prefill_task(lens, starts, seqs, num_seqs, num_kv_heads, kTileRows,
+                                [&](int64_t, int64_t s, int64_t first_row, int64_t rows, int64_t first_pos,
+                                    int64_t kv) { tasks.push_back({s, first_row, rows, first_pos, kv}); });
   return tasks;
 }
 

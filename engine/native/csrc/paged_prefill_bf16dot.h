@@ -34,6 +34,9 @@
 #include <limits>
 #include <vector>
 
+#include "float_types.h"
+#include "online_softmax.h"
+#include "prefill_tasks.h"
 
 namespace tandem::bf16dot {
 
@@ -94,24 +97,6 @@ inline void pack_tile(const uint16_t* kc, const uint16_t* vc, const int64_t* tab
   }
 }
 
-// The online softmax's step for one row and tile, as tandem::online_softmax_tile but leaving the
-// accumulator's rescale (the returned factor) to `accumulate_pv`, which has it in registers anyway.
-inline float softmax_tile(float* s, int64_t visible, float& row_max, float& row_sum) {
-  float m = row_max;
-  for (int64_t j = 0; j < visible; ++j) m = std::max(m, s[j]);
-  const float alpha = std::exp(row_max - m);
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < kKeys; ++j) {
-    const float e = std::exp(s[j] - m);
-    s[j] = j < visible ? e : 0.f;
-    sum += s[j];
-  }
-  row_sum = row_sum * alpha + sum;
-  row_max = m;
-  return alpha;
-}
-
 // a[0, dim) = a * alpha + P·V over the tile's first `pairs` key pairs; kDim > 0: dim fixed at compile
 // time, the accumulator held in registers across every pair.
 template <int64_t kDim>
@@ -167,7 +152,7 @@ inline void score_rows(const uint32_t* const* q, const uint32_t* kp, const uint3
     if (visible <= 0) continue;
     alignas(64) float scores[kKeys];
     for (int64_t u = 0; u < kSubs; ++u) _mm512_store_ps(scores + u * kLanes, _mm512_mul_ps(s[i][u], scale_v));
-    const float alpha = softmax_tile(scores, visible, row_max[r], row_sum[r]);
+    const float alpha = softmax_step(scores, kKeys, visible, row_max[r], row_sum[r]);
     alignas(64) uint32_t probs[kKeys / 2];  // P as bfloat16 pairs
     for (int64_t u = 0; u < kSubs; ++u) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(probs + u * kLanes / 2),
@@ -245,15 +230,10 @@ inline void run(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const
     }
   });
   std::vector<Task> tasks;
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    const int64_t s = seqs[i];
-    const int64_t chunk = starts[s + 1] - starts[s], prefix = lens[s] - chunk;
-    for (int64_t row = 0; row < chunk; row += kTileRows) {
-      for (int64_t kv = 0; kv < kv_heads; ++kv) {
-        tasks.push_back({s, starts[s] + row, std::min(kTileRows, chunk - row), prefix + row, kv, layout.first_tile[i]});
-      }
-    }
-  }
+  for_each_prefill_task(lens, starts, seqs, num_seqs, kv_heads, kTileRows,
+                        [&](int64_t i, int64_t s, int64_t first_row, int64_t rows, int64_t first_pos, int64_t kv) {
+                          tasks.push_back({s, first_row, rows, first_pos, kv, layout.first_tile[i]});
+                        });
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   const int64_t scratch_rows = kTileRows * (shape.num_heads / shape.num_kv_heads);
   // Round-robin, as paged_prefill.cpp: a tile's cost grows with its position in the sequence.
