@@ -42,9 +42,7 @@ constexpr int64_t kMaxHeadDim = 256;
 // on an AVX512-BF16 EPYC, against 4 and 8: 24 vs 26 vs 32 ms for one 2048-token chunk, bfloat16).
 constexpr int64_t kRowBlock = 16;
 
-struct Shape {
-  int64_t num_heads, num_kv_heads, dim, block_size, max_blocks;
-};
+using Shape = tandem::PrefillShape;
 
 // One task's part of the batch: `rows` query tokens of one sequence, the first at
 // context position `first_pos`, against KV head `kv`.
@@ -57,12 +55,6 @@ struct Scratch {
   std::vector<float> q, acc, row_max, row_sum;
   explicit Scratch(int64_t rows, int64_t dim) : q(rows * dim), acc(rows * dim), row_max(rows), row_sum(rows) {}
 };
-
-template <typename T>
-const T* key_row(const T* cache, const int64_t* table, int64_t pos, const Shape& s, int64_t kv) {
-  const int64_t block = table[pos / s.block_size], offset = pos % s.block_size;
-  return cache + ((block * s.block_size + offset) * s.num_kv_heads + kv) * s.dim;
-}
 
 // kRows query rows from row `r0` against one tile of keys: their scores (kRows independent accumulations,
 // sharing each K column: one FMA chain per row keeps the vector units busy), then the online softmax and
@@ -123,8 +115,8 @@ void attend_tile(const T* query, const T* kc, const T* vc, const int64_t* table,
     const int64_t n = std::min(kKeys, last_pos + 1 - first_key);
     for (int64_t j = 0; j < kKeys; ++j) {
       if (j < n) {
-        const T* k = key_row(kc, table, first_key + j, shape, task.kv);
-        const T* v = key_row(vc, table, first_key + j, shape, task.kv);
+        const T* k = tandem::context_row(kc, table, first_key + j, shape, task.kv);
+        const T* v = tandem::context_row(vc, table, first_key + j, shape, task.kv);
         for (int64_t d = 0; d < dim; ++d) {
           kt[d * kKeys + j] = tandem::to_float(k[d]);
           vt[j * dim + d] = tandem::to_float(v[d]);
@@ -180,20 +172,13 @@ void run(const torch::Tensor& query, const torch::Tensor& key_cache, const torch
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   T* o = out.data_ptr<T>();
   const TileFn<T> fn = pick<T>(shape.dim);
-  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   const int64_t scratch_rows = kTileRows * (shape.num_heads / shape.num_kv_heads);
-  // Tasks are dealt out round-robin: a tile's cost grows with its position in the
-  // sequence, so contiguous ranges would give one thread all the long contexts.
-  const int64_t lanes = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tasks));
-  at::parallel_for(0, lanes, 1, [&](int64_t lane_begin, int64_t lane_end) {
-    Scratch scratch(scratch_rows, shape.dim);
-    for (int64_t lane = lane_begin; lane < lane_end; ++lane) {
-      for (int64_t i = lane; i < num_tasks; i += lanes) {
+  tandem::run_round_robin(
+      static_cast<int64_t>(tasks.size()), [&] { return Scratch(scratch_rows, shape.dim); },
+      [&](int64_t i, Scratch& scratch) {
         const Task& task = tasks[i];
         fn(q, kc, vc, tables + task.seq * shape.max_blocks, task, shape, static_cast<float>(scale), o, scratch);
-      }
-    }
-  });
+      });
 }
 
 }  // namespace
@@ -224,7 +209,7 @@ void paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache, torch
 #ifdef TANDEM_PREFILL_BF16DOT
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
       namespace dot = tandem::bf16dot;
-      const dot::Shape shape{query.size(1), key_cache.size(2), query.size(2), key_cache.size(1), block_tables.size(1)};
+      const Shape shape{query.size(1), key_cache.size(2), query.size(2), key_cache.size(1), block_tables.size(1)};
       if (dot::supports(shape.dim, shape.num_heads / shape.num_kv_heads)) {
         const auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); };
         dot::run(bits(query), bits(key_cache), bits(value_cache), block_tables.data_ptr<int64_t>(),

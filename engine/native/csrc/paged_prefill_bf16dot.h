@@ -45,25 +45,17 @@ constexpr int64_t kKeys = 64;      // keys per tile: 4 vectors of float scores
 constexpr int64_t kTileRows = 16;  // query tokens per task
 constexpr int64_t kRowBlock = 4;   // query rows scored together: 4 x 4 accumulators share each K load
 
-struct Shape {
-  int64_t num_heads, num_kv_heads, dim, block_size, max_blocks;
-};
+using Shape = PrefillShape;
 
 struct Task {
   int64_t seq, first_row, rows, first_pos, kv, first_tile;  // first_tile: its sequence's in the packed buffers
 };
 
-// Where each packed sequence's tiles start (in tiles of one KV head), and the total.
-struct Layout {
-  std::vector<int64_t> first_tile;  // per entry of `seqs`
-  int64_t tiles = 0;
+// Per-thread scratch, sized once: each row's float P·V accumulator and online softmax state.
+struct Scratch {
+  std::vector<float> acc, row_max, row_sum;
+  Scratch(int64_t rows, int64_t dim) : acc(rows * dim), row_max(rows), row_sum(rows) {}
 };
-
-inline const uint16_t* cache_row(const uint16_t* cache, const int64_t* table, int64_t pos, const Shape& s,
-                                 int64_t kv) {
-  const int64_t block = table[pos / s.block_size], offset = pos % s.block_size;
-  return cache + ((block * s.block_size + offset) * s.num_kv_heads + kv) * s.dim;
-}
 
 // Packs keys [64 t, 64 t + 64) of one sequence and KV head (zeros past `len`).
 inline void pack_tile(const uint16_t* kc, const uint16_t* vc, const int64_t* table, int64_t t, int64_t len,
@@ -73,8 +65,8 @@ inline void pack_tile(const uint16_t* kc, const uint16_t* vc, const int64_t* tab
   const uint16_t* v[kKeys];
   for (int64_t j = 0; j < kKeys; ++j) {
     const int64_t pos = t * kKeys + j;
-    k[j] = pos < len ? cache_row(kc, table, pos, s, kv) : nullptr;
-    v[j] = pos < len ? cache_row(vc, table, pos, s, kv) : nullptr;
+    k[j] = pos < len ? context_row(kc, table, pos, s, kv) : nullptr;
+    v[j] = pos < len ? context_row(vc, table, pos, s, kv) : nullptr;
   }
   for (int64_t j = 0; j < kKeys; ++j) {
     uint32_t pair_row[128];  // dim <= 256
@@ -164,19 +156,20 @@ inline void score_rows(const uint32_t* const* q, const uint32_t* kp, const uint3
 
 template <int64_t kDim>
 void attend(const uint16_t* query, const uint32_t* packed_k, const uint32_t* packed_v, const Task& task,
-                   const Shape& shape, float scale, uint16_t* out, std::vector<float>& acc_buf,
-                   std::vector<float>& max_buf, std::vector<float>& sum_buf) {
+            const Shape& shape, float scale, uint16_t* out, Scratch& scratch) {
   const int64_t dim = kDim > 0 ? kDim : shape.dim, group = shape.num_heads / shape.num_kv_heads;
   const int64_t rows = task.rows * group;  // row r: token r / group, head kv * group + r % group
   const int64_t token_stride = shape.num_heads * dim, tile_words = kKeys * dim / 2;
   const uint32_t* q[kTileRows * 64];  // rows <= 16 tokens x a group of at most 64 heads
-  float* acc = acc_buf.data();
+  float* acc = scratch.acc.data();
+  float* row_max = scratch.row_max.data();
+  float* row_sum = scratch.row_sum.data();
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* row = query + (task.first_row + r / group) * token_stride + (task.kv * group + r % group) * dim;
     q[r] = reinterpret_cast<const uint32_t*>(row);  // bfloat16 pairs; rows are 4-byte aligned (dim is even)
     std::fill(acc + r * dim, acc + (r + 1) * dim, 0.f);
-    max_buf[r] = -std::numeric_limits<float>::infinity();
-    sum_buf[r] = 0.f;
+    row_max[r] = -std::numeric_limits<float>::infinity();
+    row_sum[r] = 0.f;
   }
   const int64_t last_pos = task.first_pos + task.rows - 1;
   for (int64_t t = 0; t * kKeys <= last_pos; ++t) {
@@ -186,16 +179,15 @@ void attend(const uint16_t* query, const uint32_t* packed_k, const uint32_t* pac
     const uint32_t* vp = packed_v + at;
     int64_t r = 0;
     for (; r + kRowBlock <= rows; r += kRowBlock) {
-      score_rows<kRowBlock, kDim>(q, kp, vp, r, task, group, first_key, n, dim, scale, acc, max_buf.data(),
-                                  sum_buf.data());
+      score_rows<kRowBlock, kDim>(q, kp, vp, r, task, group, first_key, n, dim, scale, acc, row_max, row_sum);
     }
     for (; r < rows; ++r) {
-      score_rows<1, kDim>(q, kp, vp, r, task, group, first_key, n, dim, scale, acc, max_buf.data(), sum_buf.data());
+      score_rows<1, kDim>(q, kp, vp, r, task, group, first_key, n, dim, scale, acc, row_max, row_sum);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
     uint16_t* o = out + (task.first_row + r / group) * token_stride + (task.kv * group + r % group) * dim;
-    const float inv = 1.f / sum_buf[r];
+    const float inv = 1.f / row_sum[r];
     for (int64_t d = 0; d < dim; ++d) o[d] = float_to_bf16_bits(acc[r * dim + d] * inv);
   }
 }
@@ -207,20 +199,17 @@ inline bool supports(int64_t dim, int64_t group) { return dim % 32 == 0 && dim <
 inline void run(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* tables,
                 const int32_t* lens, const int32_t* starts, const int64_t* seqs, int64_t num_seqs, const Shape& shape,
                 float scale, uint16_t* out) {
-  Layout layout;
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    layout.first_tile.push_back(layout.tiles);
-    layout.tiles += (lens[seqs[i]] + kKeys - 1) / kKeys;
-  }
-  const int64_t kv_heads = shape.num_kv_heads, tile_words = kKeys * shape.dim / 2;
-  std::vector<uint32_t> packed_k(layout.tiles * kv_heads * tile_words), packed_v(packed_k.size());
-  // Pack: one item per (packed tile, KV head).
+  std::vector<int64_t> first_tile;  // per entry of `seqs`: where its packed tiles start
   std::vector<std::pair<int64_t, int64_t>> tile_of;  // packed tile -> (entry of seqs, tile in its sequence)
   for (int64_t i = 0; i < num_seqs; ++i) {
-    const int64_t tiles = (lens[seqs[i]] + kKeys - 1) / kKeys;
-    for (int64_t t = 0; t < tiles; ++t) tile_of.emplace_back(i, t);
+    first_tile.push_back(static_cast<int64_t>(tile_of.size()));
+    for (int64_t t = 0; t * kKeys < lens[seqs[i]]; ++t) tile_of.emplace_back(i, t);
   }
-  at::parallel_for(0, layout.tiles * kv_heads, 16, [&](int64_t begin, int64_t end) {
+  const int64_t tiles = static_cast<int64_t>(tile_of.size());
+  const int64_t kv_heads = shape.num_kv_heads, tile_words = kKeys * shape.dim / 2;
+  std::vector<uint32_t> packed_k(tiles * kv_heads * tile_words), packed_v(packed_k.size());
+  // Pack: one item per (packed tile, KV head).
+  at::parallel_for(0, tiles * kv_heads, 16, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const auto [i, t] = tile_of[item / kv_heads];
       const int64_t kv = item % kv_heads, s = seqs[i];
@@ -232,21 +221,13 @@ inline void run(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const
   std::vector<Task> tasks;
   for_each_prefill_task(lens, starts, seqs, num_seqs, kv_heads, kTileRows,
                         [&](int64_t i, int64_t s, int64_t first_row, int64_t rows, int64_t first_pos, int64_t kv) {
-                          tasks.push_back({s, first_row, rows, first_pos, kv, layout.first_tile[i]});
+                          tasks.push_back({s, first_row, rows, first_pos, kv, first_tile[i]});
                         });
-  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   const int64_t scratch_rows = kTileRows * (shape.num_heads / shape.num_kv_heads);
-  // Round-robin, as paged_prefill.cpp: a tile's cost grows with its position in the sequence.
-  const int64_t lanes = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tasks));
   const auto fn = shape.dim == 64 ? attend<64> : shape.dim == 128 ? attend<128> : attend<0>;
-  at::parallel_for(0, lanes, 1, [&](int64_t lane_begin, int64_t lane_end) {
-    std::vector<float> acc(scratch_rows * shape.dim), row_max(scratch_rows), row_sum(scratch_rows);
-    for (int64_t lane = lane_begin; lane < lane_end; ++lane) {
-      for (int64_t i = lane; i < num_tasks; i += lanes) {
-        fn(q, packed_k.data(), packed_v.data(), tasks[i], shape, scale, out, acc, row_max, row_sum);
-      }
-    }
-  });
+  run_round_robin(
+      static_cast<int64_t>(tasks.size()), [&] { return Scratch(scratch_rows, shape.dim); },
+      [&](int64_t i, Scratch& scratch) { fn(q, packed_k.data(), packed_v.data(), tasks[i], shape, scale, out, scratch); });
 }
 
 }  // namespace tandem::bf16dot
