@@ -107,9 +107,9 @@ class PoolWorker:
         """Its node, rank 0's actor id, control address and sender key (rank 0 must be serving)."""
         import ray
 
-        self.node_id, self.actor_id = ray.get(self.rank0.__ray_call__.remote(_whereabouts), timeout=timeout_s)
+        self.node_id, self.actor_id, self.sender_key = ray.get(self.rank0.__ray_call__.remote(_whereabouts),
+                                                               timeout=timeout_s)  # fmt: skip
         self.control_address = ray.get(self.rank0.control_address.remote(), timeout=timeout_s)
-        self.sender_key = ray.get(self.rank0.sender_key.remote(), timeout=timeout_s)
 
     def probes(self) -> list[RayProbe]:
         """A heartbeat per rank (`cluster.heartbeat`): rank 0's `load()`, each follower's readiness."""
@@ -178,11 +178,11 @@ def _first_line(err: Exception) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
-def _whereabouts(_actor) -> tuple[str, str]:
+def _whereabouts(actor) -> tuple[str, str, str]:
     import ray
 
     context = ray.get_runtime_context()
-    return context.get_node_id(), context.get_actor_id()
+    return context.get_node_id(), context.get_actor_id(), actor.sender_key()
 
 
 def worker_config(spec: ClusterSpec, role: str, name: str) -> PrefillWorkerConfig | DecodeWorkerConfig:
