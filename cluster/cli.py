@@ -123,12 +123,13 @@ def serve(args: argparse.Namespace) -> None:
     import ray
 
     from cluster.deployment import Deployment, connect_ray
-    from cluster.lifeline import ClusterGone, wait_while_alive
+    from cluster.lifeline import Lifeline
 
     _stop_on_signals()
     where = connect_ray(args.address)
     _stop_on_signals()  # again: ray.init may install its own
-    deployment, gone = None, None
+    lifeline = Lifeline(ray.get_runtime_context().gcs_address).start()
+    deployment = None
     try:
         from cluster.layout import Machines, choose_layout
 
@@ -136,6 +137,7 @@ def serve(args: argparse.Namespace) -> None:
         print(f"tandem: {where}; layout: {why}", flush=True)
         deployment = Deployment(spec)
         deployment.start()
+        lifeline.watch_controller(deployment.controller)
         from router.server import tune_gc_for_serving
 
         tune_gc_for_serving()  # this process now only serves: the router, the admin endpoints, the sync
@@ -143,21 +145,28 @@ def serve(args: argparse.Namespace) -> None:
 
         print(render_status(deployment.controller.status()), flush=True)
         print(f"tandem: serving {deployment.config.model_name} at {deployment.url}/v1 (Ctrl-C to stop)", flush=True)
-        wait_while_alive(deployment.controller, ray.get_runtime_context().gcs_address)
-    except KeyboardInterrupt:
-        print("tandem: shutting down", flush=True)
-    except ClusterGone as err:
-        gone = err
-        print(f"tandem: {err}; shutting down", flush=True)
+        lifeline.wait()
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or the lifeline interrupting a start-up gone for good
+        print(_ending(lifeline), flush=True)
+    except Exception:
+        if not lifeline.confirm_gone():
+            raise  # failed on its own account: main says why (what started is stopped below)
+        print(_ending(lifeline), flush=True)  # a call that failed because the cluster went: say that
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        lifeline.stop()
+        gone = lifeline.gone
         if deployment is not None:
             deployment.stop(ray_alive=gone is None or gone.ray_alive)
         ray.shutdown()
     print("tandem: stopped", flush=True)
     if gone is not None:
         raise gone  # main: the message, status 1
+
+
+def _ending(lifeline) -> str:
+    return f"tandem: {lifeline.gone}; shutting down" if lifeline.gone else "tandem: shutting down"
 
 
 def _stop_on_signals() -> None:

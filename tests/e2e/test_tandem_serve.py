@@ -112,19 +112,46 @@ def test_serve_exits_non_zero_when_its_ray_cluster_is_killed(tiny_model_dirs, tm
         _wait_healthy(proc, f"http://127.0.0.1:{port}")
         # The router answers /health before `tandem serve` has finished starting (its last calls through
         # Ray): kill Ray once it serves, which is what this test is about.
-        deadline = time.monotonic() + 120
-        while "tandem: serving" not in Path(log.name).read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        started = psutil.Process(proc.pid).children(recursive=True)
-        ray_core = [p for p in started if p.name() in ("gcs_server", "raylet")]
-        assert len(ray_core) == 2, [p.name() for p in started]
-        for process in ray_core:
-            process.kill()  # SIGKILL: the embedded Ray cluster is gone, its workers with it
+        _wait_for_line(proc, log, "tandem: serving")
+        started = _kill_ray(proc)
         assert proc.wait(timeout=180) == 1
     finally:
         output = _output(proc, log)
     assert "tandem: the Ray cluster is gone" in output and "tandem: error: the Ray cluster is gone" in output, output
     assert not _all_ended(started, timeout_s=60), "still running after tandem serve ended"
+
+
+def test_serve_exits_non_zero_when_its_ray_cluster_is_killed_while_it_starts(tiny_model_dirs, tmp_path):
+    log = open(tmp_path / "serve.log", "w+")
+    proc = _serve(tiny_model_dirs["llama"], _free_port(), log)
+    try:
+        _wait_for_line(proc, log, "; layout: ")  # Ray is up; the controller and the workers are yet to start
+        started = _kill_ray(proc)
+        # Its start-up calls through Ray would wait for Ray's own exit (60 s, with Ray's message): the lifeline
+        # ends them in a few seconds, with ours.
+        assert proc.wait(timeout=50) == 1
+    finally:
+        output = _output(proc, log)
+    assert "tandem: serving" not in output, output  # it never got to serve
+    assert "tandem: the Ray cluster is gone" in output and "tandem: error: the Ray cluster is gone" in output, output
+    assert not _all_ended(started, timeout_s=60), "still running after tandem serve ended"
+
+
+def _wait_for_line(proc: subprocess.Popen, log, text: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in Path(log.name).read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {text!r} from tandem serve"
+        time.sleep(0.05)
+
+
+def _kill_ray(proc: subprocess.Popen) -> list[psutil.Process]:
+    """SIGKILL the embedded Ray's GCS and raylet (its workers go with them); returns what ran under `proc`."""
+    started = psutil.Process(proc.pid).children(recursive=True)
+    ray_core = [p for p in started if p.name() in ("gcs_server", "raylet")]
+    assert len(ray_core) == 2, [p.name() for p in started]
+    for process in ray_core:
+        process.kill()
+    return started
 
 
 def _decode_worker_niceness(processes: list[psutil.Process]) -> list[int]:
