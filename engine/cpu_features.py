@@ -2,21 +2,31 @@
 
 Read from /proc/cpuinfo (Linux); elsewhere the model is unknown and no extension is assumed, so every
 choice falls back to what runs everywhere (float32, the portable kernels).
+
+`TANDEM_CPU_MAX_ISA` (avx2 | avx512 | native, the default) hides the extensions above a level, as
+oneDNN's ONEDNN_MAX_CPU_ISA and ATen's ATEN_CPU_CAPABILITY do for theirs: the native kernels are then
+built without them and dtype "auto" chooses as on such a CPU. It serves to run and test the path an
+older CPU takes (an AVX2-only EPYC) on a newer one, or to build one kernel set for a mixed fleet.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 # The extensions a kernel or dtype choice looks at, in the order a signature lists them.
 WATCHED = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+# TANDEM_CPU_MAX_ISA -> the flag prefixes it hides (every AVX-512 subset goes with avx512f, every AMX
+# unit with amx_tile, as with GCC's -mno-avx512f / -mno-amx-tile).
+ISA_CAPS = {"avx2": ("avx512", "amx"), "avx512": ("avx512_bf16", "avx512_fp16", "amx"), "native": ()}
 
 
 @dataclass(frozen=True)
 class CPUFeatures:
     model: str
     flags: frozenset[str]
+    hidden: frozenset[str] = frozenset()  # what the CPU has that TANDEM_CPU_MAX_ISA hides
 
     @property
     def native_bf16(self) -> bool:
@@ -26,11 +36,26 @@ class CPUFeatures:
 
     def signature(self) -> str:
         """The model and the watched extensions it has, e.g. "AMD EPYC [avx2 fma avx512f avx512_bf16]"."""
-        return f"{self.model} [{' '.join(f for f in WATCHED if f in self.flags)}]"
+        has = f"{self.model} [{' '.join(f for f in WATCHED if f in self.flags)}]"
+        hidden = [f for f in WATCHED if f in self.hidden]
+        return f"{has} (hidden: {' '.join(hidden)})" if hidden else has
 
 
 @functools.cache
 def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> CPUFeatures:
+    """What the kernels and dtype choices may use: the CPU's extensions under TANDEM_CPU_MAX_ISA."""
+    return capped(read_cpuinfo(cpuinfo), os.environ.get("TANDEM_CPU_MAX_ISA", "native"))
+
+
+def capped(features: CPUFeatures, max_isa: str) -> CPUFeatures:
+    level = max_isa.strip().lower() or "native"
+    if level not in ISA_CAPS:
+        raise ValueError(f"TANDEM_CPU_MAX_ISA={max_isa!r}: expected one of {', '.join(ISA_CAPS)}")
+    hidden = frozenset(f for f in features.flags if f.startswith(ISA_CAPS[level]))  # startswith(()): none
+    return CPUFeatures(features.model, features.flags - hidden, features.hidden | hidden)
+
+
+def read_cpuinfo(cpuinfo: str = "/proc/cpuinfo") -> CPUFeatures:
     model, flags = "unknown CPU", frozenset()
     try:
         with open(cpuinfo) as f:

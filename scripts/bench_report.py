@@ -27,7 +27,14 @@ from engine.cpu_features import cpu_features
 
 def instruction_set() -> str:
     """The widest vector extensions this CPU reports (what the kernels could use), e.g. "AVX-512 (BF16, AMX)"."""
-    flags = cpu_features().flags
+    features = cpu_features()
+    used = _widest(features.flags)
+    if features.hidden:  # TANDEM_CPU_MAX_ISA: a table must not pass for one taken on an older CPU
+        return f"{used}, capped by TANDEM_CPU_MAX_ISA on a CPU with {_widest(features.flags | features.hidden)}"
+    return used
+
+
+def _widest(flags) -> str:
     if "avx512f" in flags:
         extras = [name for flag, name in (("avx512_bf16", "BF16"), ("amx_tile", "AMX")) if flag in flags]
         return "AVX-512" + (f" ({', '.join(extras)})" if extras else "")
@@ -80,9 +87,16 @@ HISTORY = Path("benchmarks") / "history"  # beside the markdown file: BENCHMARKS
 SECTION_LEVEL = 3  # a record's top heading, inside its script's `## ` section
 
 
+def result_key(script: str) -> str:
+    """`bench_engine.py` -> "bench_engine"; under a TANDEM_CPU_MAX_ISA that hides something, "bench_engine-avx2":
+    a run that plays an older CPU keeps its own latest result and never replaces the machine's own."""
+    stem = Path(script).stem
+    return f"{stem}-{os.environ['TANDEM_CPU_MAX_ISA'].strip().lower()}" if cpu_features().hidden else stem
+
+
 def markers(script: str) -> tuple[str, str]:
     """The comments around a script's latest result: `bench_engine.py` -> `<!-- bench_engine:latest -->`, ..."""
-    key = Path(script).stem
+    key = result_key(script)
     return f"<!-- {key}:latest -->", f"<!-- /{key}:latest -->"
 
 
@@ -102,7 +116,7 @@ def record_run(markdown_path: str | Path, script: str, record: str, now: datetim
 def write_history(folder: Path, script: str, record: str, when: datetime.datetime) -> Path:
     """A new file per run: two runs in the same minute get `-2`, `-3`... rather than overwriting each other."""
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{when:%Y-%m-%d-%H%M}-{Path(script).stem}"
+    stem = f"{when:%Y-%m-%d-%H%M}-{result_key(script)}"
     for n in range(1, 1000):
         path = folder / (stem + ("" if n == 1 else f"-{n}") + ".md")
         try:
@@ -150,4 +164,6 @@ def replace_latest(text: str, script: str, block: str) -> str:
         return text[: span[0]] + "\n" + block + text[span[1] :]
     begin, end = markers(script)
     heading = f"## `scripts/{Path(script).stem}.py`"
+    if result_key(script) != Path(script).stem:
+        heading += f", playing an older CPU (`TANDEM_CPU_MAX_ISA={result_key(script).rsplit('-', 1)[1]}`)"
     return text.rstrip("\n") + ("\n\n" if text.strip() else "") + f"{heading}\n\n{begin}\n{block}{end}\n"

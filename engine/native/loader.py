@@ -30,6 +30,15 @@ _SOURCES = [_CSRC / name for name in (
 )]
 _HEADERS = [_CSRC / name for name in ("float_types.h", "online_softmax.h", "prefill_tasks.h", "paged_prefill_bf16dot.h")]
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]
+# /proc/cpuinfo flag -> GCC's name, to build without what TANDEM_CPU_MAX_ISA hides (-mno-avx512f also
+# turns off every AVX-512 subset, -mno-amx-tile every AMX unit).
+_GCC_EXTENSION = {"avx512f": "avx512f", "avx512_bf16": "avx512bf16", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16"}
+
+
+def compile_flags() -> list[str]:
+    """-march=native, less the extensions `cpu_features()` hides."""
+    hidden = cpu_features().hidden
+    return _FLAGS + [f"-mno-{gcc}" for flag, gcc in _GCC_EXTENSION.items() if flag in hidden]
 
 
 def native_kernels_enabled() -> bool:
@@ -46,10 +55,13 @@ def load_cpu_kernels():
 
         logger.info("loading native CPU kernels (compiled on first use, ~1 min; cached afterwards)")
         clear_stale_build_lock(_build_directory(_module_name()))
-        return load(_module_name(), [str(s) for s in _SOURCES], extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"])
+        sources = [str(s) for s in _SOURCES]
+        module = load(_module_name(), sources, extra_cflags=compile_flags(), extra_ldflags=["-fopenmp"])
     except Exception as err:  # a missing compiler or ninja shows up as many exception types
         logger.warning("native CPU kernels unavailable (%s); using the PyTorch path", err)
         return None
+    logger.info("native CPU kernels built for %s", " ".join(module.built_with()) or "the baseline x86-64")
+    return module
 
 
 # A build takes 1-5 minutes here; a lock older than this was left by a build that was killed.
@@ -86,7 +98,7 @@ def _module_name() -> str:
     # under one name would make each build look stale to the other, rebuilt on every load.
     # The CPU counts too (the build is for its instruction set: -march=native), so a cache shared between
     # machines never hands an AVX-512 build to an AVX2-only CPU.
-    digest = hashlib.blake2b(" ".join([*_FLAGS, str(_CSRC.resolve()), cpu_features().signature()]).encode(),
+    digest = hashlib.blake2b(" ".join([*compile_flags(), str(_CSRC.resolve()), cpu_features().signature()]).encode(),
                              digest_size=6)
     for source in _SOURCES + _HEADERS:
         digest.update(source.read_bytes())

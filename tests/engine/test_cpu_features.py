@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.config import auto_dtype, parse_dtype
-from engine.cpu_features import CPUFeatures, cpu_features
+from engine.cpu_features import CPUFeatures, capped, cpu_features
 
 AVX2_ONLY = CPUFeatures("AMD EPYC", frozenset({"avx2", "fma"}))
 AVX512_BF16 = CPUFeatures("AMD EPYC", frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}))
@@ -39,3 +40,18 @@ def test_the_cpu_signature_names_the_model_and_its_vector_extensions():
     assert "[" in signature and signature.endswith("]")
     if "avx512f" in open("/proc/cpuinfo").read():
         assert "avx512f" in signature
+
+
+def test_a_cap_hides_the_extensions_above_it_and_dtype_auto_follows():
+    to_avx2 = capped(AMX, "avx2")
+    assert to_avx2.flags == frozenset({"avx2", "fma"}) and to_avx2.hidden == AMX.flags - {"avx2", "fma"}
+    assert auto_dtype("cpu", to_avx2) == torch.float32 and auto_dtype("cpu", capped(AMX, "native")) == torch.bfloat16
+    to_avx512 = capped(AVX512_BF16, "AVX512")
+    assert to_avx512.flags == frozenset({"avx2", "fma", "avx512f"}) and not to_avx512.native_bf16
+    assert to_avx512.signature() == "AMD EPYC [avx2 fma avx512f] (hidden: avx512_bf16)"
+    assert capped(AVX2_ONLY, "avx2") == AVX2_ONLY  # nothing to hide: the same features, no "hidden" note
+
+
+def test_an_unknown_cap_is_refused_by_name():
+    with pytest.raises(ValueError, match="TANDEM_CPU_MAX_ISA='sse9'.*avx2, avx512, native"):
+        capped(AMX, "sse9")

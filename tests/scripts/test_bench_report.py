@@ -90,3 +90,24 @@ def test_unbalanced_markers_are_refused_rather_than_guessed(tmp_path):
         record_run(path, "bench_router.py", "x\n", now=datetime.datetime(2026, 2, 1))
     assert not (tmp_path / "benchmarks").exists()  # no history file for a run that was not recorded
     assert path.read_text() == BENCHMARKS.replace("<!-- /bench_router:latest -->\n", "")
+
+
+def test_a_run_playing_an_older_cpu_keeps_its_own_section_and_says_so(tmp_path, monkeypatch):
+    from engine.cpu_features import CPUFeatures, capped
+    from scripts import bench_report
+
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text(BENCHMARKS)
+    avx512 = CPUFeatures("AMD EPYC", frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}))
+    monkeypatch.setenv("TANDEM_CPU_MAX_ISA", "avx2")
+    monkeypatch.setattr(bench_report, "cpu_features", lambda: capped(avx512, "avx2"))
+    history = record_run(path, "bench_engine.py", engine_record(5.5, "2026-02-01 10:00"),
+                         now=datetime.datetime(2026, 2, 1, 10, 0))  # fmt: skip
+
+    text = path.read_text()
+    assert text.startswith(BENCHMARKS)  # the machine's own result is untouched
+    assert "## `scripts/bench_engine.py`, playing an older CPU (`TANDEM_CPU_MAX_ISA=avx2`)" in text
+    begin, end = markers("bench_engine.py")
+    assert begin == "<!-- bench_engine-avx2:latest -->" and "| tandem | 5.5 |" in text[text.index(begin) : text.index(end)]
+    assert history.name == "2026-02-01-1000-bench_engine-avx2.md"
+    assert bench_report.instruction_set() == "AVX2, capped by TANDEM_CPU_MAX_ISA on a CPU with AVX-512 (BF16)"

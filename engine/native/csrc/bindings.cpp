@@ -1,6 +1,9 @@
 // The Python module of the native CPU kernels: one entry per op in the other files.
 #include <torch/extension.h>
 
+#include <string>
+#include <vector>
+
 torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                                      torch::Tensor block_table, torch::Tensor seq_lens, double scale);
 void paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
@@ -18,7 +21,29 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t out_f
 void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
                     torch::Tensor slot_mapping);
 
+// The vector extensions this build was compiled for (what -march and TANDEM_CPU_MAX_ISA left on).
+std::vector<std::string> built_with() {
+  std::vector<std::string> on;
+#ifdef __AVX2__
+  on.push_back("avx2");
+#endif
+#ifdef __FMA__
+  on.push_back("fma");
+#endif
+#ifdef __AVX512F__
+  on.push_back("avx512f");
+#endif
+#ifdef __AVX512BF16__
+  on.push_back("avx512_bf16");
+#endif
+#ifdef __AMX_TILE__
+  on.push_back("amx_tile");
+#endif
+  return on;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("built_with", &built_with, "the vector extensions compiled in, named as in /proc/cpuinfo");
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention, one query per sequence");
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "causal attention of the chunks of `seqs` over their cached prefix and themselves, into out's rows");
