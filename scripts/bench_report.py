@@ -30,8 +30,14 @@ def instruction_set() -> str:
     features = cpu_features()
     used = _widest(features.flags)
     if features.hidden:  # TANDEM_CPU_MAX_ISA: a table must not pass for one taken on an older CPU
-        return f"{used}, capped by TANDEM_CPU_MAX_ISA on a CPU with {_widest(features.flags | features.hidden)}"
+        torch_caps = " ".join(f"{k}={os.environ[k]}" for k in _TORCH_ISA_CAPS if k in os.environ) or "none"
+        return (f"{used}, capped by TANDEM_CPU_MAX_ISA on a CPU with {_widest(features.flags | features.hidden)}; "
+                f"PyTorch's own caps: {torch_caps}")  # fmt: skip
     return used
+
+
+# What caps PyTorch's kernels (ATen's vectorised ops, oneDNN, MKL) as TANDEM_CPU_MAX_ISA caps ours.
+_TORCH_ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def _widest(flags) -> str:

@@ -110,4 +110,8 @@ def test_a_run_playing_an_older_cpu_keeps_its_own_section_and_says_so(tmp_path, 
     begin, end = markers("bench_engine.py")
     assert begin == "<!-- bench_engine-avx2:latest -->" and "| tandem | 5.5 |" in text[text.index(begin) : text.index(end)]
     assert history.name == "2026-02-01-1000-bench_engine-avx2.md"
-    assert bench_report.instruction_set() == "AVX2, capped by TANDEM_CPU_MAX_ISA on a CPU with AVX-512 (BF16)"
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert bench_report.instruction_set() == ("AVX2, capped by TANDEM_CPU_MAX_ISA on a CPU with AVX-512 (BF16); "
+                                              "PyTorch's own caps: ATEN_CPU_CAPABILITY=avx2")  # fmt: skip
