@@ -54,7 +54,7 @@ def load_cpu_kernels():
         from torch.utils.cpp_extension import load
 
         logger.info("loading native CPU kernels (compiled on first use, ~1 min; cached afterwards)")
-        clear_stale_build_lock(_build_directory(_module_name()))
+        wait_out_build_lock(_build_directory(_module_name()))
         sources = [str(s) for s in _SOURCES]
         module = load(_module_name(), sources, extra_cflags=compile_flags(), extra_ldflags=["-fopenmp"])
     except Exception as err:  # a missing compiler or ninja shows up as many exception types
@@ -64,25 +64,39 @@ def load_cpu_kernels():
     return module
 
 
-# A build takes 1-5 minutes here; a lock older than this was left by a build that was killed.
-STALE_LOCK_S = 20 * 60
+# A build takes 1-5 minutes here, and writes an object file into its directory every minute or so; a lock
+# with nothing in that directory written for this long was left by a build that was killed.
+STALE_LOCK_S = 10 * 60
 
 
-def clear_stale_build_lock(build_dir: str | Path, max_age_s: float = STALE_LOCK_S) -> bool:
-    """Remove the build's lock file if a killed build left it behind; True if removed.
+def wait_out_build_lock(build_dir: str | Path, max_idle_s: float = STALE_LOCK_S, poll_s: float = 1.0) -> bool:
+    """Wait while another process builds the kernels (its lock file exists); when its build has gone idle
+    for `max_idle_s` (killed: a Ray worker of a stopped `tandem serve`), remove the lock. True if removed.
 
-    torch's extension builder waits on that file forever, so one interrupted build
-    would otherwise hang every later process that loads the kernels."""
-    lock = Path(build_dir) / "lock"
+    torch's extension builder waits on that file forever, so one interrupted build would otherwise hang
+    every later process that loads the kernels, without a word."""
+    lock, said = Path(build_dir) / "lock", False
+    while True:
+        idle = _idle_s(lock)
+        if idle is None:
+            return False  # no lock, or it went: the build is there (or ours to make)
+        if idle >= max_idle_s:
+            logger.warning("removing a stale native-kernel build lock (%s: nothing built for %.0f s)", lock, idle)
+            lock.unlink(missing_ok=True)
+            return True
+        if not said:
+            logger.info("another process is building the native kernels (%s); waiting for it", lock.parent)
+            said = True
+        time.sleep(poll_s)
+
+
+def _idle_s(lock: Path) -> float | None:
+    """Seconds since the lock or anything beside it was last written; None without a lock."""
     try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < max_age_s:
-        return False
-    logger.warning("removing a stale native-kernel build lock (%s, %.0f s old)", lock, age)
-    lock.unlink(missing_ok=True)
-    return True
+        newest = max(entry.stat().st_mtime for entry in [lock, *lock.parent.iterdir()])
+    except FileNotFoundError:  # the lock (or a file being listed) went meanwhile: look again next time
+        return None if not lock.exists() else 0.0
+    return time.time() - newest
 
 
 def _build_directory(name: str) -> str:
