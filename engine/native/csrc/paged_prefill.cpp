@@ -38,9 +38,18 @@ namespace {
 constexpr int64_t kKeys = 16;     // keys per tile: one vector of float scores
 constexpr int64_t kTileRows = 16;  // query rows (tokens) per task
 constexpr int64_t kMaxHeadDim = 256;
-// Query rows scored together: independent FMA chains that share each K column load (16 measured fastest
-// on an AVX512-BF16 EPYC, against 4 and 8: 24 vs 26 vs 32 ms for one 2048-token chunk, bfloat16).
+// Query rows scored together: independent FMA chains that share each K column load. With AVX-512 a row's
+// 16 scores are one of 32 registers: 16 rows measured fastest on an AVX512-BF16 EPYC (float32, one
+// 2048-token chunk, per layer: 24.2-26.2 ms, against 27.4 with 6 rows). With 256-bit vectors (AVX2) they take
+// two of 16 registers: 6 rows (12 accumulators) measured fastest there (the same EPYC built for AVX2 by
+// TANDEM_CPU_MAX_ISA=avx2: 36.9 ms, against 39.9 / 41.2 / 47.7 with 8 / 4 / 2 rows, 48.8 with 16).
+#ifdef __AVX512F__
 constexpr int64_t kRowBlock = 16;
+#else
+constexpr int64_t kRowBlock = 6;
+#endif
+// Floats of a row's P·V accumulator held in registers while a tile's keys are added into it.
+constexpr int64_t kLanes = 16;
 
 using Shape = tandem::PrefillShape;
 
@@ -55,6 +64,25 @@ struct Scratch {
   std::vector<float> q, acc, row_max, row_sum;
   explicit Scratch(int64_t rows, int64_t dim) : q(rows * dim), acc(rows * dim), row_max(rows), row_sum(rows) {}
 };
+
+// a[0:dim] = a * alpha + p · vt (p: [kKeys], vt: [kKeys][dim]), kLanes of a at a time held in registers
+// across the tile's keys: one load and one store of the accumulator per tile, not one per key.
+inline void accumulate_pv(const float* __restrict p, const float* __restrict vt, int64_t dim, float alpha,
+                          float* __restrict a) {
+  for (int64_t d0 = 0; d0 < dim; d0 += kLanes) {
+    float lanes[kLanes];
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = a[d0 + l] * alpha;
+    for (int64_t j = 0; j < kKeys; ++j) {
+      const float pj = p[j];
+      const float* v = vt + j * dim + d0;
+#pragma omp simd
+      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += pj * v[l];
+    }
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) a[d0 + l] = lanes[l];
+  }
+}
 
 // kRows query rows from row `r0` against one tile of keys: their scores (kRows independent accumulations,
 // sharing each K column: one FMA chain per row keeps the vector units busy), then the online softmax and
@@ -79,7 +107,13 @@ inline void score_rows(const float* qf, const float* kt, int64_t r0, const Task&
     if (visible <= 0) continue;
     float* s = scores[i];
     float* a = acc + r * dim;
-    tandem::online_softmax_tile(s, kKeys, visible, row_max[r], row_sum[r], a, dim);
+    const float alpha = tandem::softmax_step(s, kKeys, visible, row_max[r], row_sum[r]);
+    if (dim % kLanes == 0) {
+      accumulate_pv(s, vt, dim, alpha, a);
+      continue;
+    }
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) a[d] *= alpha;
     for (int64_t j = 0; j < kKeys; ++j) {
       const float p = s[j];
       const float* v = vt + j * dim;
