@@ -44,13 +44,18 @@ class CPUFeatures:
 @functools.cache
 def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> CPUFeatures:
     """What the kernels and dtype choices may use: the CPU's extensions under TANDEM_CPU_MAX_ISA."""
-    return capped(read_cpuinfo(cpuinfo), os.environ.get("TANDEM_CPU_MAX_ISA", "native"))
+    return capped(read_cpuinfo(cpuinfo), max_isa())
 
 
-def capped(features: CPUFeatures, max_isa: str) -> CPUFeatures:
-    level = max_isa.strip().lower() or "native"
+def max_isa() -> str:
+    """TANDEM_CPU_MAX_ISA as a level name ("native" when unset)."""
+    return os.environ.get("TANDEM_CPU_MAX_ISA", "").strip().lower() or "native"
+
+
+def capped(features: CPUFeatures, cap: str) -> CPUFeatures:
+    level = cap.strip().lower() or "native"
     if level not in ISA_CAPS:
-        raise ValueError(f"TANDEM_CPU_MAX_ISA={max_isa!r}: expected one of {', '.join(ISA_CAPS)}")
+        raise ValueError(f"TANDEM_CPU_MAX_ISA={cap!r}: expected one of {', '.join(ISA_CAPS)}")
     hidden = frozenset(f for f in features.flags if f.startswith(ISA_CAPS[level]))  # startswith(()): none
     return CPUFeatures(features.model, features.flags - hidden, features.hidden | hidden)
 

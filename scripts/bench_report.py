@@ -22,7 +22,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from engine.cpu_features import cpu_features
+from engine.cpu_features import cpu_features, max_isa
+
+# What caps PyTorch's kernels (ATen's vectorised ops, oneDNN, MKL) as TANDEM_CPU_MAX_ISA caps ours.
+_TORCH_ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def instruction_set() -> str:
@@ -34,10 +37,6 @@ def instruction_set() -> str:
         return (f"{used}, capped by TANDEM_CPU_MAX_ISA on a CPU with {_widest(features.flags | features.hidden)}; "
                 f"PyTorch's own caps: {torch_caps}")  # fmt: skip
     return used
-
-
-# What caps PyTorch's kernels (ATen's vectorised ops, oneDNN, MKL) as TANDEM_CPU_MAX_ISA caps ours.
-_TORCH_ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def _widest(flags) -> str:
@@ -97,7 +96,7 @@ def result_key(script: str) -> str:
     """`bench_engine.py` -> "bench_engine"; under a TANDEM_CPU_MAX_ISA that hides something, "bench_engine-avx2":
     a run that plays an older CPU keeps its own latest result and never replaces the machine's own."""
     stem = Path(script).stem
-    return f"{stem}-{os.environ['TANDEM_CPU_MAX_ISA'].strip().lower()}" if cpu_features().hidden else stem
+    return f"{stem}-{max_isa()}" if cpu_features().hidden else stem
 
 
 def markers(script: str) -> tuple[str, str]:
@@ -171,5 +170,5 @@ def replace_latest(text: str, script: str, block: str) -> str:
     begin, end = markers(script)
     heading = f"## `scripts/{Path(script).stem}.py`"
     if result_key(script) != Path(script).stem:
-        heading += f", playing an older CPU (`TANDEM_CPU_MAX_ISA={result_key(script).rsplit('-', 1)[1]}`)"
+        heading += f", playing an older CPU (`TANDEM_CPU_MAX_ISA={max_isa()}`)"
     return text.rstrip("\n") + ("\n\n" if text.strip() else "") + f"{heading}\n\n{begin}\n{block}{end}\n"

@@ -23,6 +23,7 @@ import psutil
 from transformers import AutoTokenizer
 
 from tests.conftest import hf_greedy
+from tests.e2e.harness import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -138,10 +139,11 @@ def test_serve_exits_non_zero_when_its_ray_cluster_is_killed_while_it_starts(tin
 
 
 def _wait_for_line(proc: subprocess.Popen, log, text: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in Path(log.name).read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, f"no {text!r} from tandem serve"
-        time.sleep(0.05)
+    def printed() -> bool:
+        assert proc.poll() is None, f"tandem serve exited with {proc.returncode} before {text!r}"
+        return text in Path(log.name).read_text()
+
+    wait_for(printed, f"{text!r} from tandem serve", timeout_s)
 
 
 def _kill_ray(proc: subprocess.Popen) -> list[psutil.Process]:

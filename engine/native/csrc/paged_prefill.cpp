@@ -107,13 +107,11 @@ inline void score_rows(const float* qf, const float* kt, int64_t r0, const Task&
     if (visible <= 0) continue;
     float* s = scores[i];
     float* a = acc + r * dim;
-    const float alpha = tandem::softmax_step(s, kKeys, visible, row_max[r], row_sum[r]);
     if (dim % kLanes == 0) {
-      accumulate_pv(s, vt, dim, alpha, a);
+      accumulate_pv(s, vt, dim, tandem::softmax_step(s, kKeys, visible, row_max[r], row_sum[r]), a);
       continue;
     }
-#pragma omp simd
-    for (int64_t d = 0; d < dim; ++d) a[d] *= alpha;
+    tandem::online_softmax_tile(s, kKeys, visible, row_max[r], row_sum[r], a, dim);
     for (int64_t j = 0; j < kKeys; ++j) {
       const float p = s[j];
       const float* v = vt + j * dim;
