@@ -25,13 +25,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import statistics
 import subprocess
 
 import torch
 
 import bench_report
 from bench_engine import measure_copy_bandwidth
-from engine.layers.linear_choice import median_time
+from engine.layers.kernel_timing import sample_time
 
 # Spec-sheet HBM bandwidth, bytes/s, by a substring of torch's device name.
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100-SXM4-80GB": 2.04e12, "A100": 1.56e12}
@@ -101,7 +102,8 @@ def time_call(fn, device, reps: int) -> float:
         import triton.testing
 
         return triton.testing.do_bench(fn, warmup=25, rep=max(100, reps * 10), return_mode="median") / 1e3
-    return median_time(fn, reps)  # the timing the engine's kernel choice uses: one warm call, then the median
+    fn()  # warm: first-touch pages, lazy initialisation
+    return statistics.median(sample_time(fn) for _ in range(reps))  # samples of 2 ms at least, as the kernel choice
 
 
 def run_case(case, device, reps: int) -> list[dict]:

@@ -20,7 +20,8 @@ from typing import Callable, Mapping
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.layers.linear_choice import BANDS, median_time
+from engine.layers.kernel_timing import Timer, fastest, sample_time
+from engine.layers.linear_choice import BANDS
 
 # Prefix (cached tokens) of the second timed chunk of each band.
 TIMED_PREFIX = 512
@@ -68,17 +69,14 @@ def timed_chunk(shapes: AttentionShapes, rows: int, prefix: int, dtype: torch.dt
 
 
 def choose_prefill(impls: Mapping[str, PrefillFn], shapes: AttentionShapes, dtype: torch.dtype,
-                   timer: Callable[[Callable[[], object]], float] = median_time) -> tuple[str, ...]:  # fmt: skip
+                   timer: Timer = sample_time) -> tuple[str, ...]:  # fmt: skip
     """Per band of chunk lengths, the name of the fastest of `impls` on a whole prompt plus a chunk after
     a cached prefix."""
     choice = []
     for _, _, rows in BANDS:
         chunks = [timed_chunk(shapes, rows, prefix, dtype) for prefix in (0, TIMED_PREFIX)]
-
-        def total(fn: PrefillFn) -> float:
-            return sum(timer(lambda c=c: _run(fn, c)) for c in chunks)
-
-        choice.append(min(impls, key=lambda name: total(impls[name])))
+        runs = {name: [lambda fn=fn, c=c: _run(fn, c) for c in chunks] for name, fn in impls.items()}
+        choice.append(fastest(runs, timer))
     return tuple(choice)
 
 

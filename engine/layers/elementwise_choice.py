@@ -22,7 +22,8 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from engine.layers.linear_choice import BANDS, band_of, median_time
+from engine.layers.kernel_timing import Timer, fastest, sample_time
+from engine.layers.linear_choice import BANDS, band_of
 
 Tensor = torch.Tensor
 OPS = ("rms_norm", "add_rms_norm", "rotary", "silu_and_mul")
@@ -52,13 +53,14 @@ def op_inputs(shapes: OpShapes, rows: int, dtype: torch.dtype) -> dict[str, tupl
 
 
 def choose_elementwise(impls: Mapping[str, Mapping[str, Callable]], shapes: OpShapes, dtype: torch.dtype,
-                       timer: Callable[[Callable[[], object]], float] = median_time) -> tuple[str, ...]:  # fmt: skip
+                       timer: Timer = sample_time) -> tuple[str, ...]:  # fmt: skip
     """Per band, "op=implementation,..." for the fastest of `impls` (name -> {op: function}) on each op."""
     choice = []
     for _, _, rows in BANDS:
         args = op_inputs(shapes, rows, dtype)
-        fastest = {op: min(impls, key=lambda name, op=op: timer(lambda: impls[name][op](*args[op]))) for op in OPS}
-        choice.append(",".join(f"{op}={name}" for op, name in fastest.items()))
+        winners = {op: fastest({name: [lambda f=impls[name][op], a=args[op]: f(*a)] for name in impls}, timer)
+                   for op in OPS}  # fmt: skip
+        choice.append(",".join(f"{op}={name}" for op, name in winners.items()))
     return tuple(choice)
 
 

@@ -30,13 +30,14 @@ import hashlib
 import json
 import logging
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+
+from engine.layers.kernel_timing import METHOD, Timer, fastest, sample_time
 
 logger = logging.getLogger("tandem.engine")
 
@@ -64,30 +65,18 @@ def band_of(rows: int) -> int:
 
 
 def choose(candidates: Sequence[Candidate], shapes: Sequence[tuple[int, int]], dtype: torch.dtype,
-           prepare: dict[str, Callable[[Tensor], object]], timer: Callable[[Callable[[], object]], float] | None = None,
-           ) -> tuple[str, ...]:  # fmt: skip
+           prepare: dict[str, Callable[[Tensor], object]], timer: Timer = sample_time) -> tuple[str, ...]:
     """The fastest candidate's name per band, summed over `shapes` ([out, in] each); `prepare[form]` makes a form."""
-    timer = timer or median_time
     weights = [torch.randn(out, inp, dtype=torch.float32).to(dtype) for out, inp in shapes]
     forms = {form: [prepare[form](w) for w in weights] for form in {c.form for c in candidates}}
     choice = []
     for first, last, rows in BANDS:
         xs = [torch.randn(rows, inp, dtype=torch.float32).to(dtype) for _, inp in shapes]
         able = [c for c in candidates if c.max_rows >= last]  # it must take every row count of the band
-        times = {c.name: sum(timer(lambda c=c, i=i: c.run(xs[i], forms[c.form][i], None)) for i in range(len(shapes)))
-                 for c in able}  # fmt: skip
-        choice.append(min(times, key=times.get))
+        runs = {c.name: [lambda c=c, i=i: c.run(xs[i], forms[c.form][i], None) for i in range(len(shapes))]
+                for c in able}  # fmt: skip
+        choice.append(fastest(runs, timer))
     return tuple(choice)
-
-
-def median_time(fn: Callable[[], object], repeats: int = 5) -> float:
-    fn()  # warm: first-touch allocations, lazy initialisation
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def cached_choice(key_parts: Sequence[str], compute: Callable[[], tuple[str, ...]], what: str = "linear kernels",
@@ -95,7 +84,8 @@ def cached_choice(key_parts: Sequence[str], compute: Callable[[], tuple[str, ...
     """`compute()` once per machine and key (a name per band); later starts read the answer from the cache.
 
     Workers starting together on one machine time one after another (a file lock), not at once on
-    shared cores: the first times, the others read its answer."""
+    shared cores: the first times, the others read its answer. How they time is part of the key."""
+    key_parts = [*key_parts, f"timing: {METHOD}"]
     key = hashlib.blake2b("\n".join(key_parts).encode(), digest_size=10).hexdigest()
     path = _cache_dir() / f"{key}.json"
     try:
