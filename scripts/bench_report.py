@@ -35,7 +35,8 @@ def instruction_set() -> str:
     if features.hidden:  # TANDEM_CPU_MAX_ISA: a table must not pass for one taken on an older CPU
         torch_caps = " ".join(f"{k}={os.environ[k]}" for k in _TORCH_ISA_CAPS if k in os.environ) or "none"
         return (f"{used}, capped by TANDEM_CPU_MAX_ISA on a CPU with {_widest(features.flags | features.hidden)}; "
-                f"PyTorch's own caps: {torch_caps}")  # fmt: skip
+                f"PyTorch's own caps: {torch_caps}; vLLM on the kernels it loads there "
+                "(cluster_bench.peer_isa)")  # fmt: skip
     return used
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from cluster_bench.peer_isa import peer_isa_env
 from engine_workloads import Result, Workload
 
 WORKER = Path(__file__).with_name("_vllm_bench_worker.py")
@@ -108,7 +110,8 @@ def bench_vllm(args, model_dir: str, workloads: list[Workload], warmup: Workload
     print(f"[vllm] running worker (log: {log_path}); loading and compiling takes a minute or two", file=sys.stderr)
     with open(log_path, "w") as log:
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.vllm_timeout, cwd=tmp)
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.vllm_timeout, cwd=tmp,
+                                  env=peer_isa_env(dict(os.environ)))  # the played CPU's kernels
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"

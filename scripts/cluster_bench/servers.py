@@ -16,6 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from .peer_isa import peer_isa_env
 from .sweeps import Config
 
 
@@ -63,14 +64,15 @@ def vllm_command(python: str, model_dir: str, served_model_name: str, port: int,
 
 
 def vllm_env(python: str, threads: int) -> dict[str, str]:
-    """vLLM CPU's settings: 4 GiB KV cache, OpenMP bound to the first `threads` cores, Intel OpenMP preloaded."""
+    """vLLM CPU's settings: 4 GiB KV cache, OpenMP bound to the first `threads` cores, Intel OpenMP preloaded,
+    and the kernels of the CPU that TANDEM_CPU_MAX_ISA plays (peer_isa)."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # fmt: skip
     env.pop("PYTHONPATH", None)  # Tandem's tree must not shadow vLLM's own packages
     iomp = Path(python).resolve().parent.parent / "lib" / "libiomp5.so"
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
-    return env
+    return peer_isa_env(env)
 
 
 @contextlib.contextmanager

@@ -114,4 +114,5 @@ def test_a_run_playing_an_older_cpu_keeps_its_own_section_and_says_so(tmp_path, 
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     assert bench_report.instruction_set() == ("AVX2, capped by TANDEM_CPU_MAX_ISA on a CPU with AVX-512 (BF16); "
-                                              "PyTorch's own caps: ATEN_CPU_CAPABILITY=avx2")  # fmt: skip
+                                              "PyTorch's own caps: ATEN_CPU_CAPABILITY=avx2; vLLM on the kernels it "
+                                              "loads there (cluster_bench.peer_isa)")  # fmt: skip
