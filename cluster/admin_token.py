@@ -13,6 +13,10 @@ import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
 
+# port -> token of the files this process wrote and has not forgotten: what `forget_written` removes when
+# the process must end without its cleanup (cluster.lifeline's last resort).
+_written: dict[int, str] = {}
+
 
 def token_path(port: int) -> Path:
     root = Path(os.environ.get("TANDEM_CACHE_DIR") or Path.home() / ".cache" / "tandem")
@@ -32,6 +36,7 @@ def write_token(port: int, token: str) -> Path:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token)
+    _written[port] = token
     return path
 
 
@@ -46,9 +51,17 @@ def read_token(url: str) -> str | None:
 
 def forget_token(port: int, token: str) -> None:
     """Remove the file if it still holds `token` (another server may have started on the port since)."""
+    if _written.get(port) == token:
+        del _written[port]
     path = token_path(port)
     try:
         if path.read_text().strip() == token:
             path.unlink()
     except OSError:
         pass
+
+
+def forget_written() -> None:
+    """Remove every token file this process wrote and still holds (a process ending without its cleanup)."""
+    for port, token in list(_written.items()):
+        forget_token(port, token)

@@ -112,8 +112,12 @@ class Lifeline:
 
 
 def exit_now(gone: ClusterGone) -> None:
-    """The last resort when the main thread is stuck in a call through a Ray that is gone: say so, end."""
+    """The last resort when the main thread is stuck in a call through a Ray that is gone: say so, end.
+    Of the cleanup it skips, only the admin token's file would outlive the process: it is removed here."""
+    from cluster.admin_token import forget_written
+
     print(f"tandem: {gone}; shutting down\ntandem: error: {gone}", flush=True)
+    forget_written()
     os._exit(1)
 
 
