@@ -58,12 +58,23 @@ _BOTH_POOLS = {"dtype": "dtype", "tensor_parallel_size": "tensor_parallel_size",
 
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model: Ray workers (prefill + decode) behind an OpenAI-compatible router")
-    p.add_argument("--config", help="cluster spec YAML (pools, resources, engine, router); flags override it")
+    add_spec_flags(p)
     p.add_argument("--address", help="join this Ray cluster (ray start --head ...); default: an embedded local Ray")
-    p.add_argument("--model", help="HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="default 8000")
+    p.add_argument("--kv-transfer-failure", choices=("recompute", "fail"),
+                   help="a failed KV transfer: decode prefills the prompt itself (default) or the request fails")
+    _api_key_flag(p, "required on /v1/* as `Authorization: Bearer KEY` (/admin/* takes the admin token)")
+    p.add_argument("--max-request-body-bytes", type=int, help="larger HTTP bodies get 413 (default 8 MiB)")
+    p.add_argument("--tool-call-parser", choices=sorted(PARSERS),
+                   help="how tool_choice auto reads tool calls in the model's output (default: auto is refused)")
+
+
+def add_spec_flags(p) -> None:
+    """The flags that say what runs where: `serve` takes them, and `simulate` / `plan` take the same."""
+    p.add_argument("--config", help="cluster spec YAML (pools, resources, engine, router); flags override it")
+    p.add_argument("--model", help="HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="both pools")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int)
@@ -77,14 +88,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--routing-policy", help="cache_aware (default), least_loaded, round_robin")
     p.add_argument("--num-prefill", type=int, help="prefill workers (0: decode workers prefill themselves)")
     p.add_argument("--num-decode", type=int, help="decode workers")
-    p.add_argument("--kv-transfer-failure", choices=("recompute", "fail"),
-                   help="a failed KV transfer: decode prefills the prompt itself (default) or the request fails")
-    _api_key_flag(p, "required on /v1/* as `Authorization: Bearer KEY` (/admin/* takes the admin token)")
-    p.add_argument("--max-request-body-bytes", type=int, help="larger HTTP bodies get 413 (default 8 MiB)")
     p.add_argument("--max-predicted-ttft-s", type=float,
                    help="refuse (429, Retry-After) a request whose first token is predicted later (default 60; 0: off)")
-    p.add_argument("--tool-call-parser", choices=sorted(PARSERS),
-                   help="how tool_choice auto reads tool calls in the model's output (default: auto is refused)")
 
 
 def _api_key_flag(parser, what: str) -> None:
@@ -108,11 +113,12 @@ def _key_from_file(path: str) -> str:
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     """The spec file (or the defaults) with every flag that was given laid over it."""
     spec = load_spec(args.config) if args.config else ClusterSpec()
-    overrides = {field: getattr(args, dest) for dest, field in _FLAG_FIELDS.items() if getattr(args, dest) is not None}
+    given = {dest: getattr(args, dest, None) for dest in (*_FLAG_FIELDS, *_BOTH_POOLS)}  # a command may lack some
+    overrides = {field: given[dest] for dest, field in _FLAG_FIELDS.items() if given[dest] is not None}
     for dest, field in _BOTH_POOLS.items():
-        if getattr(args, dest) is not None:
-            overrides[f"prefill.{field}"] = overrides[f"decode.{field}"] = getattr(args, dest)
-    if args.address and "data_plane" not in spec.model_fields_set:
+        if given[dest] is not None:
+            overrides[f"prefill.{field}"] = overrides[f"decode.{field}"] = given[dest]
+    if getattr(args, "address", None) and "data_plane" not in spec.model_fields_set:
         overrides["data_plane"] = "node_ip"  # workers may be on other machines: bind where they can reach
     return with_overrides(spec, overrides)
 
@@ -214,6 +220,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tandem", description="Disaggregated prefill/decode LLM serving on Ray")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    from cluster import plan_cli
+
+    plan_cli.add_parsers(sub)
     for name, what in (("scale", "resize the pools of a running `tandem serve`"), ("status", "pools, workers, nodes")):
         p = sub.add_parser(name, help=what)
         p.add_argument("--url", default="http://127.0.0.1:8000", help="the router of `tandem serve`")
@@ -234,6 +243,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "serve":
             serve(args)
+        elif args.command in ("profile", "simulate", "plan"):
+            from cluster import plan_cli
+
+            getattr(plan_cli, f"run_{args.command}")(args)
         elif args.command == "scale":
             scale = {"prefill": args.prefill, "decode": args.decode}
             _print_status(_admin(args.url, "/admin/scale", scale, args.admin_token), args.json)

@@ -34,6 +34,15 @@ class Machines:
     gpus: float  # in the whole cluster
 
     @classmethod
+    def this_machine(cls) -> "Machines":
+        """This machine alone, read without Ray (what an embedded local Ray would count)."""
+        import os
+
+        import torch
+
+        return cls(1, len(os.sched_getaffinity(0)), float(torch.cuda.device_count()))
+
+    @classmethod
     def of_ray_cluster(cls) -> "Machines":
         import ray
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from engine.cpu_features import cpu_features
 from engine.kv_connector import KVConnector
 from engine.kv_cache_manager import KVCacheManager
 from engine.log import configure_logging
-from engine.model_input import build_model_input
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, StepRunner
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.parallel.config import ParallelConfig
 from engine.prefill_meter import PrefillMeter, prompt_tokens_advanced
@@ -118,7 +118,11 @@ class EngineArgs:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, show_progress: bool = True,
-                 kv_connector: KVConnector | None = None):  # fmt: skip
+                 kv_connector: KVConnector | None = None, runner: StepRunner | None = None,
+                 clock: Callable[[], float] = time.perf_counter):  # fmt: skip
+        """`runner`: what executes the scheduled steps (default: a `ModelRunner` loading the model; the
+        planner's simulator passes one that prices steps instead). `clock`: what step durations are read
+        from (the prefill meter's seconds); a simulated runner advances its own."""
         if config.parallel.rank != 0:
             raise ValueError(
                 f"LLMEngine runs on tensor-parallel rank 0; rank {config.parallel.rank} runs "
@@ -127,7 +131,8 @@ class LLMEngine:
         self.config = config
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(config.model_dir)
         self.eos_token_ids = eos_token_ids_for(config.model_dir, config.model, self.tokenizer)
-        self.runner = ModelRunner(config, show_progress=show_progress)
+        self.runner = runner if runner is not None else ModelRunner(config, show_progress=show_progress)
+        self.clock = clock
         block_size = config.cache.block_size
         self.kv_cache = KVCacheManager(self.runner.num_blocks, block_size, config.cache.enable_prefix_caching)
         # A request must fit the pool on its own, or preemption could never make room for it.
@@ -222,7 +227,7 @@ class LLMEngine:
     # ---- stepping -------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one forward over the scheduled tokens; return outputs of requests that advanced."""
-        started = time.perf_counter()
+        started = self.clock()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
@@ -230,7 +235,7 @@ class LLMEngine:
         connector = self.kv_connector
         try:
             attachment = connector.before_forward(sched) if connector is not None else b""
-            batch = build_model_input(sched.scheduled, self.config.cache.block_size, self.config.device)
+            batch = self.runner.prepare(sched.scheduled)
             sampled = self.runner.execute(batch, attachment, connector.save_layer if connector is not None else None)
         except Exception as err:
             # The step's requests cannot be trusted to have valid KV: end them and
@@ -240,7 +245,7 @@ class LLMEngine:
                 self.abort_request(request_id)
             raise EngineStepError(failed, err) from err
         outputs = self._update(sched, sampled, batch.prompt_spans)
-        self.prefill_meter.record(advanced, time.perf_counter() - started)
+        self.prefill_meter.record(advanced, self.clock() - started)
         return outputs
 
     def _update(self, sched: SchedulerOutput, sampled, prompt_spans=()) -> list[RequestOutput]:

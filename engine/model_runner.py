@@ -1,6 +1,6 @@
 """Owns the model weights and the KV cache tensors; runs one forward per step.
 
-`execute(batch)` takes the flattened ragged batch of one step (prefill
+`prepare(scheduled)` builds a step's flattened batch from the scheduler's decisions; `execute(batch)` takes the flattened ragged batch of one step (prefill
 chunks and decode tokens mixed) and returns the sampled tokens of the
 sequences whose last token was in it.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,18 +26,32 @@ from engine.cpu_memory import keep_freed_memory
 from engine.kv_cache import allocate_kv_caches, num_blocks_for
 from engine.layers.ops import layer_ops
 from engine.layers.rotary import RotaryEmbedding
-from engine.model_input import ModelInput
+from engine.model_input import ModelInput, build_model_input
 from engine.models import MODEL_REGISTRY
 from engine.parallel.group import SINGLE, TPGroup, destroy_tp_group, init_tp_group
 from engine.parallel.shard import num_kv_heads_per_rank
 from engine.parallel.step_broadcast import StepReceiver, StepSender
 from engine.prompt_logprobs import span_logprobs
 from engine.sampler import Sampler, SamplerOutput
+from engine.scheduler import ScheduledRequest
 from engine.weight_loader import load_weights
 
 logger = logging.getLogger("tandem.engine")
 
 LayerDone = Callable[[int], None] | None
+
+
+class StepRunner(Protocol):
+    """What `LLMEngine` runs its steps on: a `ModelRunner`, or the planner's priced stand-in (`planner.sim`)."""
+
+    num_blocks: int  # KV blocks the engine's block pool hands out
+
+    def prepare(self, scheduled: Sequence[ScheduledRequest]):
+        """The step's input (anything with `prompt_spans`), built before the request states move on."""
+
+    def execute(self, batch, attachment: bytes = b"", layer_done: LayerDone = None) -> SamplerOutput: ...
+
+    def shutdown(self) -> None: ...
 
 
 def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = SINGLE) -> torch.nn.Module:
@@ -85,6 +99,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self._sender = StepSender(self.tp) if self.tp.size > 1 and self.tp.is_driver else None
         self._receiver = StepReceiver(self.tp, config.device) if not self.tp.is_driver else None
+
+    def prepare(self, scheduled: Sequence[ScheduledRequest]) -> ModelInput:
+        return build_model_input(list(scheduled), self.config.cache.block_size, self.config.device)
 
     def _agree(self, num_blocks: int) -> int:
         """Every rank gets the fewest blocks any rank can hold: rank 0's block ids index all caches."""

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serving_bench import datasets, plots  # noqa: E402
 from serving_bench.client import CHAT, COMPLETIONS  # noqa: E402
-from serving_bench.metrics import (  # noqa: E402
+from planner.bench_metrics import (  # noqa: E402
     METRICS, compute_metrics, metric_values, parse_goodput, per_second, percentile_key)
 from serving_bench.runner import fetch_model_id, run_load  # noqa: E402
 

@@ -45,6 +45,12 @@ def native_kernels_enabled() -> bool:
     return os.environ.get("TANDEM_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def kernel_source_id() -> str:
+    """What the native kernels a process would load are: a name hashed from their sources, flags and CPU
+    ("none" when they are turned off). Measurements that depend on the kernels key on it."""
+    return _module_name() if native_kernels_enabled() else "none"
+
+
 @functools.cache
 def load_cpu_kernels():
     """The compiled extension module, or None when it is disabled or cannot be built."""

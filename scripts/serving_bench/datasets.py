@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.workload import length_range
+
 # ShareGPT filtering, as vLLM does: drop tiny pairs and the ones too long for a small context.
 SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT_LEN, SHAREGPT_MAX_TOTAL_LEN = 4, 1024, 2048
 
@@ -21,13 +23,6 @@ class SampleRequest:
     prompt: str
     prompt_len: int
     expected_output_len: int
-
-
-def length_range(length: int, range_ratio: float) -> tuple[int, int]:
-    """Inclusive [low, high] around `length`: length * (1 -/+ range_ratio), never below 1."""
-    if not 0 <= range_ratio < 1:
-        raise ValueError(f"range ratio must be in [0, 1), got {range_ratio}")
-    return max(1, int(np.floor(length * (1 - range_ratio)))), max(1, int(np.ceil(length * (1 + range_ratio))))
 
 
 def _usable_token_ids(tokenizer) -> np.ndarray:

@@ -12,7 +12,7 @@ from tqdm.asyncio import tqdm
 
 from .client import RequestOutput, request_body, send_request
 from .datasets import SampleRequest
-from .traffic import arrival_gaps
+from planner.workload import arrival_gaps
 
 # A long run is not a hung one: the whole-request limit is generous, the connect limit is not.
 TIMEOUT = aiohttp.ClientTimeout(total=6 * 3600, sock_connect=30)

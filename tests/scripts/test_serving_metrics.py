@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from scripts.serving_bench.client import RequestOutput
-from scripts.serving_bench.metrics import compute_metrics, in_flight_peaks, parse_goodput, per_second, percentile_key
-from scripts.serving_bench.traffic import arrival_gaps
+from planner.bench_metrics import compute_metrics, in_flight_peaks, parse_goodput, per_second, percentile_key
+from planner.workload import arrival_gaps
 
 T0 = 100.0
 # A: 4 tokens, TTFT 100 ms, TPOT (160 - 100) / 3 = 20 ms. B: 2 tokens, TTFT 300 ms, TPOT 100 ms. C failed.

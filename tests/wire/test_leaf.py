@@ -10,7 +10,7 @@ import sys
 import wire
 
 TANDEM_PACKAGES = ("engine", "kvtransfer", "runtime", "router", "cluster", "prefill_worker", "decode_worker",
-                   "output_text", "wire")  # fmt: skip
+                   "output_text", "wire", "costmodel", "planner")  # fmt: skip
 REPO = pathlib.Path(wire.__file__).parent.parent
 
 

@@ -1,4 +1,6 @@
-"""The serving metrics of a finished run, named as `vllm bench serve` names them in its result JSON.
+"""The serving metrics of a finished run, named as `vllm bench serve` names them in its result JSON: one
+reckoning for our serving benchmark's measured runs (`scripts/serving_bench`) and the simulator's
+predicted ones (`planner.sim`), so the two compare field by field.
 
 TTFT: send to first text chunk. TPOT: (E2EL - TTFT) / (output tokens - 1), per request.
 ITL: gaps between text chunks, pooled over requests. E2EL: send to last byte. All in ms in the
@@ -7,11 +9,22 @@ result. Goodput: requests/s of the completed ones that meet every SLO given (ttf
 
 from __future__ import annotations
 
+from typing import Protocol, Sequence
+
 import numpy as np
 
-from .client import RequestOutput
-
 METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+class RequestOutput(Protocol):
+    """What the reckoning reads of one request: when it was sent, whether it succeeded, its timings (s)."""
+
+    prompt_len: int
+    start_time: float
+    success: bool
+    ttft: float
+    latency: float
+    itl: Sequence[float]
 
 
 def parse_goodput(items: list[str] | None) -> dict[str, float]:

@@ -1,0 +1,92 @@
+"""Fit a `costmodel.StepCost` to measured steps and say how well it fits.
+
+Relative errors are minimised (a 20 ms decode step matters as much as a 2 s prefill), with a soft-L1
+loss so that the few steps a shared machine slowed down do not pull the terms; every term is >= 0.
+`per_token_comm_s` is not fitted: a measured profile at tensor parallel size n carries its all-reduces
+in the other terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from costmodel import FitReport, StepCost, StepShape
+
+FITTED = ("fixed_s", "weights_s", "per_token_s", "per_sampled_row_s", "per_sequence_s",
+          "per_decode_context_token_s", "per_attention_pair_s", "per_prefill_context_token_s",
+          "per_longest_decode_context_s")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepSample:
+    shape: StepShape
+    seconds: float
+
+
+def fit_step_cost(samples: Sequence[StepSample]) -> tuple[StepCost, FitReport]:
+    if len(samples) < len(FITTED):
+        raise ValueError(f"a fit of {len(FITTED)} terms needs at least as many measured steps, got {len(samples)}")
+    x = _features(samples)
+    t = np.array([s.seconds for s in samples])
+    guess = _first_guess(x, t)
+
+    def solve(start: np.ndarray, loss: str) -> np.ndarray:
+        return least_squares(lambda p: (_predict(p, x) - t) / t, start, bounds=(0, np.inf),
+                             x_scale=np.maximum(start, 1e-9), loss=loss, f_scale=0.05).x  # fmt: skip
+
+    # Plain least squares first, from the additive guess, then the robust loss from there: started far from
+    # the answer, a robust loss can take the largest steps for outliers and settle on the small ones.
+    plain = solve(guess, "linear")
+    candidates = [plain, solve(plain, "soft_l1")]
+    best = min(candidates, key=lambda p: float(np.median(np.abs(_predict(p, x) - t) / t)))
+    cost = StepCost(**dict(zip(FITTED, (float(v) for v in best))))
+    return cost, report(cost, samples)
+
+
+def report(cost: StepCost, samples: Sequence[StepSample], worst: int = 5) -> FitReport:
+    predicted = np.array([cost.seconds(s.shape) for s in samples])
+    measured = np.array([s.seconds for s in samples])
+    errors = np.abs(predicted - measured) / measured
+    order = np.argsort(-errors)[:worst]
+    return FitReport(
+        points=len(samples),
+        median_abs_error=float(np.median(errors)),
+        p90_abs_error=float(np.percentile(errors, 90)),
+        max_abs_error=float(errors.max()),
+        worst=tuple((describe(samples[i].shape), float(measured[i]), float(predicted[i])) for i in order),
+    )
+
+
+def describe(shape: StepShape) -> str:
+    return (f"{shape.tokens} tokens, {shape.sequences} seqs, {shape.sampled_rows} sampled, "
+            f"{shape.decode_context_tokens} decode ctx, {shape.prefill_attention_pairs:.0f} pairs")  # fmt: skip
+
+
+def _features(samples: Sequence[StepSample]) -> np.ndarray:
+    """[n, 7]: tokens, sampled rows, sequences, decode context tokens, prefill attention pairs, prefill context,
+    longest decode context."""
+    return np.array([(s.shape.tokens, s.shape.sampled_rows, s.shape.sequences, s.shape.decode_context_tokens,
+                      s.shape.prefill_attention_pairs, s.shape.prefill_context_tokens, s.shape.longest_decode_context)
+                     for s in samples], dtype=float)  # fmt: skip
+
+
+def _predict(p: np.ndarray, x: np.ndarray) -> np.ndarray:
+    fixed, weights, per_token, per_row, per_seq, per_ctx, per_pair, per_prefill_ctx, per_longest = p
+    return (fixed + np.maximum(weights, per_token * x[:, 0]) + per_row * x[:, 1] + per_seq * x[:, 2]
+            + per_ctx * x[:, 3] + per_pair * x[:, 4] + per_prefill_ctx * x[:, 5] + per_longest * x[:, 6])  # fmt: skip
+
+
+def _first_guess(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of the additive form (linear layers as weights + per token): close enough
+    to start from, and a sensible answer on its own if the data cannot tell memory from compute."""
+    from scipy.optimize import nnls
+
+    design = np.column_stack([np.ones(len(t)), x]) / t[:, None]  # relative error
+    coef, _ = nnls(design, np.ones(len(t)))
+    fixed, *rest = coef
+    per_token = rest[0]
+    return np.array([fixed / 2, max(fixed / 2, 1e-6), per_token, *rest[1:]]) + 1e-12

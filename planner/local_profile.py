@@ -1,0 +1,160 @@
+"""The profile of a worker on the machine at hand: measured once (`tandem profile`), cached, reused.
+
+    profile = local_profile(LocalWorker(model=None, dtype="auto", torch_threads=2))
+
+Measuring builds the engine a worker would run (model, dtype, threads, engine knobs), warms it up,
+times it over the profiler's grid (`planner.profiler`), fits the step cost (`planner.fit`) and times a
+KV transfer between two processes (`planner.transfer_probe`): a minute or two on 2 cores. The result
+is cached under `~/.cache/tandem/profiles/` (or $TANDEM_CACHE_DIR) by a key of everything it depends
+on: the CPU and its enabled extensions, threads, dtype, torch, the native kernels' sources, the
+engine's own sources, the model and the engine knobs that shape a step. Change any and it is
+measured again.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from costmodel import ModelDims, Profile, ServingCost, TransferCost
+from planner.layout import EngineLimits
+from planner.profiler import ProfileGrid
+
+logger = logging.getLogger("tandem.planner")
+METHOD = "grid-v1"  # how steps are timed and fitted: part of the key
+
+
+@dataclass(frozen=True)
+class LocalWorker:
+    """A worker on this machine, as a pool of `tandem serve` would start it."""
+
+    model: str | None = None  # a model dir, a .gguf, a hub id, None: the default model
+    dtype: str = "auto"
+    torch_threads: int = 1
+    limits: EngineLimits = field(default_factory=EngineLimits)
+    device: str = "cpu"
+
+    def engine_args(self):
+        from engine.llm_engine import EngineArgs
+
+        lim = self.limits
+        return EngineArgs(model=self.model, dtype=self.dtype, device=self.device, block_size=lim.block_size,
+                          max_num_seqs=lim.max_num_seqs, max_num_batched_tokens=lim.max_num_batched_tokens,
+                          max_model_len=lim.max_model_len, enable_prefix_caching=lim.enable_prefix_caching,
+                          kv_cache_memory=lim.kv_cache_memory, num_kv_blocks=lim.num_kv_blocks)  # fmt: skip
+
+
+def model_dims(model_dir: str | Path, name: str = "") -> ModelDims:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return ModelDims.from_hf_config(config, name or Path(model_dir).name)
+
+
+def profile_key(worker: LocalWorker, model_dir: str) -> tuple[str, ...]:
+    import torch
+
+    from engine.cpu_features import cpu_features
+    from engine.native.loader import kernel_source_id
+
+    config = (Path(model_dir) / "config.json").read_bytes()
+    lim = worker.limits
+    return (
+        f"device {worker.device}: {cpu_features().signature() if worker.device == 'cpu' else _gpu_name()}",
+        f"threads {worker.torch_threads}", f"dtype {worker.dtype}", f"torch {torch.__version__}",
+        f"kernels {kernel_source_id()}", f"engine {_engine_source_hash()}",
+        f"model {model_dir} {hashlib.blake2b(config, digest_size=8).hexdigest()}",
+        f"engine knobs {lim.block_size} {lim.max_num_batched_tokens} {lim.max_num_seqs} {lim.max_model_len} "
+        f"{lim.kv_cache_memory} {lim.num_kv_blocks} {lim.enable_prefix_caching}",
+        f"method {METHOD}", f"python {platform.python_version()}",
+    )  # fmt: skip
+
+
+def local_profile(worker: LocalWorker, refresh: bool = False, grid: ProfileGrid = ProfileGrid(),
+                  on_progress: Callable[[str], None] = lambda what: None) -> Profile:  # fmt: skip
+    """The cached profile of `worker` on this machine, measured first when there is none (or `refresh`)."""
+    from engine.model_source import resolve_model
+
+    model_dir = str(resolve_model(worker.model))
+    key = profile_key(worker, model_dir)
+    path = _cache_dir() / f"{hashlib.blake2b(chr(10).join(key).encode(), digest_size=10).hexdigest()}.json"
+    if not refresh and path.is_file():
+        try:
+            cached = Profile.load(path)
+            if cached.key == key:
+                return cached
+        except ValueError as err:
+            logger.warning("measuring again: %s", err)
+    profile = measure_profile(worker, model_dir, key, grid, on_progress)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profile.save(path)
+    except OSError as err:
+        logger.warning("cannot cache the profile at %s: %s", path, err)
+    return profile
+
+
+def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = (), grid: ProfileGrid = ProfileGrid(),
+                    on_progress: Callable[[str], None] = lambda what: None) -> Profile:  # fmt: skip
+    import torch
+
+    from engine.cpu_features import cpu_features
+    from engine.llm_engine import LLMEngine
+    from planner.fit import fit_step_cost
+    from planner.profiler import profile_steps
+
+    torch.set_num_threads(worker.torch_threads)
+    on_progress(f"starting the engine ({worker.torch_threads} thread(s))")
+    engine = LLMEngine.from_args(worker.engine_args(), skip_tokenizer_init=True, show_progress=False)
+    try:
+        engine.warm_up()
+        samples = profile_steps(engine, grid, on_progress=on_progress)
+        config = engine.config
+        kv_tokens = engine.runner.num_blocks * config.cache.block_size
+    finally:
+        engine.shutdown()
+        del engine
+        gc.collect()
+    step, fit = fit_step_cost(samples)
+    dtype = str(config.dtype).removeprefix("torch.")
+    on_progress("timing a KV transfer between two processes")
+    transfer = probe_transfer(config, dtype)
+    device = cpu_features().signature() if worker.device == "cpu" else _gpu_name()
+    return Profile(device=device, source="measured", model=model_dims(model_dir), dtype=dtype,
+                   dtype_bytes=torch.tensor([], dtype=config.dtype).element_size(), tp_size=1, step=step,
+                   transfer=transfer, kv_cache_tokens=kv_tokens, torch_threads=worker.torch_threads,
+                   serving=ServingCost(), fit=fit, key=key)  # fmt: skip
+
+
+def probe_transfer(config, dtype: str) -> TransferCost:
+    from kvtransfer import KVSpec
+    from planner.transfer_probe import measure_transfer
+
+    m = config.model
+    spec = KVSpec("profile", dtype, config.cache.block_size, m.num_layers, m.num_kv_heads, m.head_dim)
+    return measure_transfer(spec)
+
+
+def _engine_source_hash() -> str:
+    import engine
+
+    digest = hashlib.blake2b(digest_size=8)
+    for path in sorted(Path(engine.__file__).parent.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TANDEM_CACHE_DIR") or Path.home() / ".cache" / "tandem"
+    return Path(root) / "profiles"

@@ -1,0 +1,167 @@
+"""`tandem profile`: time real engine steps on the machine at hand and fit the step cost model to them.
+
+The engine is the one a worker runs (same model, dtype, threads, kernels chosen at its start); each
+step is timed whole (`LLMEngine.step`: schedule, forward, sampling, bookkeeping), as a worker's loop
+pays it. The grid covers what serving mixes:
+
+  - prefill chunks of each length in `prefill_lengths`, from an empty cache;
+  - chunks of `cached_news` tokens after `cached_contexts` tokens served by the prefix cache;
+  - decode batches of `decode_rows` rows at each context of `decode_contexts` (the rows share their
+    context as a cached prefix plus a few tokens of their own, so building a batch costs one prefill,
+    while each row's attention still reads its whole context), `decode_steps` steps each;
+  - mixed steps: decode batches of `mixed_rows` joined by a prompt of each of `mixed_prompts` tokens.
+
+Every step the grid makes, the setup ones too, is a sample; the fit (`planner.fit`) uses them all.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from planner.fit import StepSample
+from planner.step_shapes import shape_of
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    prefill_lengths: tuple[int, ...] = (16, 64, 256, 512, 1024, 2048)
+    prefill_reps: int = 3
+    cached_contexts: tuple[int, ...] = (512, 1536)
+    cached_news: tuple[int, ...] = (32, 256)
+    decode_rows: tuple[int, ...] = (1, 4, 16, 64, 128)
+    decode_contexts: tuple[int, ...] = (64, 512, 2048)
+    decode_steps: int = 8
+    mixed_rows: tuple[int, ...] = (4, 32)
+    mixed_prompts: tuple[int, ...] = (128, 1024)
+
+    @classmethod
+    def tiny(cls) -> "ProfileGrid":
+        """A grid for tiny test models: every kind of step, seconds in all."""
+        return cls((8, 32, 96), 1, (32,), (16,), (1, 4, 8), (16, 48), 3, (2,), (24,))
+
+
+class _RecordingRunner:
+    """The engine's runner, plus the shape of the step it is asked to prepare (read before the step moves
+    its requests on)."""
+
+    def __init__(self, inner):
+        self.inner, self.last_shape = inner, None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prepare(self, scheduled):
+        self.last_shape = shape_of(scheduled)
+        return self.inner.prepare(scheduled)
+
+
+class StepProfiler:
+    """Drives an engine through a `ProfileGrid`, keeping one `StepSample` per step."""
+
+    def __init__(self, engine: LLMEngine, seed: int = 0, on_progress: Callable[[str], None] = lambda what: None):
+        self.engine, self.rng, self.on_progress = engine, random.Random(seed), on_progress
+        self.runner = _RecordingRunner(engine.runner)
+        self.samples: list[StepSample] = []
+        self._ids = 0
+        vocab = engine.config.model.vocab_size
+        self._token_range = (min(100, vocab // 4), vocab - 1)  # ordinary tokens, away from the special ones
+
+    def run(self, grid: ProfileGrid) -> list[StepSample]:
+        self.engine.runner = self.runner
+        try:
+            self._warm(grid)
+            self._prefills(grid)
+            self._cached_prefills(grid)
+            self._decodes(grid)
+            self._mixed(grid)
+        finally:
+            self.engine.runner = self.runner.inner
+        return self.samples
+
+    # ---- the grid ---------------------------------------------------------------
+    def _warm(self, grid: ProfileGrid) -> None:
+        """A batch of each size once, unrecorded: a shape's first steps in a process pay one-time costs (oneDNN
+        builds its primitives for each new row count: a one-row step timed 45-52 ms, then 22 ms, with one
+        thread), which a serving worker pays once at its start, not in its steady state."""
+        self.on_progress("warming up every batch size")
+        for rows in grid.decode_rows:
+            if self._fits(rows, 32):
+                self._generate([self._tokens(16) for _ in range(rows)], 3)
+        self.samples.clear()
+
+    def _prefills(self, grid: ProfileGrid) -> None:
+        for length in self._fitting(grid.prefill_lengths):
+            self.on_progress(f"prefill {length} tokens")
+            for _ in range(grid.prefill_reps):
+                self._generate([self._tokens(length)], 1)
+
+    def _cached_prefills(self, grid: ProfileGrid) -> None:
+        for context in self._fitting(grid.cached_contexts):
+            base = self._tokens(context)
+            self._generate([base], 1)
+            for new in self._fitting(grid.cached_news, context):
+                self.on_progress(f"prefill {new} tokens after {context} cached")
+                self._generate([base + self._tokens(new)], 1)
+
+    def _decodes(self, grid: ProfileGrid) -> None:
+        for context in self._fitting(grid.decode_contexts, grid.decode_steps + 16):
+            base = self._tokens(context)
+            self._generate([base], 1)
+            for rows in grid.decode_rows:
+                if not self._fits(rows, context + 16 + grid.decode_steps):
+                    continue
+                self.on_progress(f"decode {rows} rows at context {context}")
+                self._generate([base + self._tokens(16) for _ in range(rows)], grid.decode_steps)
+
+    def _mixed(self, grid: ProfileGrid) -> None:
+        for rows in grid.mixed_rows:
+            for prompt in self._fitting(grid.mixed_prompts):
+                self.on_progress(f"{rows} decode rows with a {prompt}-token prompt")
+                self._add([self._tokens(64) for _ in range(rows)], 8)
+                self._step_until(lambda: all(r.output_token_ids for r in self.engine.requests.values()))
+                self._add([self._tokens(prompt)], 1)
+                self._step_until(lambda: not self.engine.has_unfinished_requests())
+
+    # ---- driving the engine ----------------------------------------------------------
+    def _generate(self, prompts: list[list[int]], max_tokens: int) -> None:
+        self._add(prompts, max_tokens)
+        self._step_until(lambda: not self.engine.has_unfinished_requests())
+
+    def _add(self, prompts: list[list[int]], max_tokens: int) -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        for prompt in prompts:
+            self._ids += 1
+            self.engine.add_request(f"profile-{self._ids}", {"prompt_token_ids": prompt}, params)
+
+    def _step_until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            start = time.perf_counter()
+            self.engine.step()
+            seconds = time.perf_counter() - start
+            if self.runner.last_shape is not None:
+                self.samples.append(StepSample(self.runner.last_shape, seconds))
+                self.runner.last_shape = None
+
+    def _tokens(self, n: int) -> list[int]:
+        low, high = self._token_range
+        return [self.rng.randint(low, high) for _ in range(n)]
+
+    def _fitting(self, lengths: Sequence[int], extra: int = 0) -> list[int]:
+        """The lengths that leave room for `extra` tokens in the engine's context."""
+        return [n for n in lengths if n + extra < self.engine.max_model_len]
+
+    def _fits(self, rows: int, tokens: int) -> bool:
+        """Whether `rows` requests of `tokens` tokens each fit the KV cache and a step's seats at once."""
+        blocks = rows * (tokens // self.engine.kv_cache.block_size + 1)
+        return rows <= self.engine.config.scheduler.max_num_seqs and blocks <= self.engine.kv_cache.pool.num_blocks
+
+
+def profile_steps(engine: LLMEngine, grid: ProfileGrid = ProfileGrid(), seed: int = 0,
+                  on_progress: Callable[[str], None] = lambda what: None) -> list[StepSample]:  # fmt: skip
+    """Run `grid` on `engine` (left with no request) and return a sample per step."""
+    return StepProfiler(engine, seed, on_progress).run(grid)

@@ -1,0 +1,54 @@
+"""The engine's step runner in a simulation: a step is priced by the profile, not computed.
+
+`LLMEngine` runs its real scheduler and bookkeeping around it; this stands where the model forward and
+the sampler would. Each step advances the worker's clock (`SimClock`, the engine's `clock`) by the
+profile's price for the step's shape, and "samples" one filler token per sampled row (the simulated
+requests ignore EOS, so which token it is does not matter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from costmodel import Profile, StepShape
+from engine.sampler import SamplerOutput
+from engine.scheduler import ScheduledRequest
+from planner.step_shapes import shape_of
+
+
+class SimClock:
+    """A worker's notion of now: set by the simulation at each round, advanced by each step's price."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class PricedBatch:
+    shape: StepShape
+    sampled_rows: int
+    prompt_spans: tuple = ()  # the simulated requests ask for no prompt logprobs
+
+
+class PricedRunner:
+    def __init__(self, profile: Profile, num_blocks: int, clock: SimClock, token_id: int):
+        self.profile, self.num_blocks, self.clock, self.token_id = profile, num_blocks, clock, token_id
+        self.steps = 0
+        self.busy_s = 0.0
+
+    def prepare(self, scheduled: Sequence[ScheduledRequest]) -> PricedBatch:
+        return PricedBatch(shape_of(scheduled), sum(1 for s in scheduled if s.samples))
+
+    def execute(self, batch: PricedBatch, attachment: bytes = b"", layer_done=None) -> SamplerOutput:
+        seconds = self.profile.step_seconds(batch.shape)
+        self.clock.now += seconds
+        self.steps += 1
+        self.busy_s += seconds
+        return SamplerOutput([self.token_id] * batch.sampled_rows, [None] * batch.sampled_rows)
+
+    def shutdown(self) -> None:
+        pass

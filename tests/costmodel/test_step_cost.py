@@ -1,0 +1,72 @@
+"""The cost model's arithmetic: shapes of steps, their price term by term, profiles to JSON and back."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel import ModelDims, Profile, StepCost, StepShape, TransferCost, published_profile
+from costmodel.step_shape import chunk_attention_pairs
+from tests.planner.profiles import TINY_DIMS, hand_profile
+
+
+def test_a_mixed_step_counts_what_each_term_prices():
+    shape = StepShape.of(prefills=[(100, 28, True), (64, 0, False)], decode_contexts=[9, 99])
+    assert shape.tokens == 166 and shape.sequences == 4 and shape.sampled_rows == 3
+    assert shape.decode_context_tokens == 10 + 100 and shape.longest_decode_context == 100
+    assert shape.prefill_attention_pairs == 100 * (28 + 50.5) + 64 * 32.5
+    assert shape.prefill_context_tokens == 128 + 64
+    assert chunk_attention_pairs(1, 0) == 1  # one query sees itself
+
+
+def test_the_linear_layers_cost_whichever_binds():
+    cost = StepCost(fixed_s=0.001, weights_s=0.020, per_token_s=0.0005)
+    assert cost.seconds(StepShape.decode(1, 10)) == pytest.approx(0.021)  # reading the weights binds
+    assert cost.seconds(StepShape.prefill(1000)) == pytest.approx(0.501)  # compute binds
+    assert cost.seconds(StepShape.of()) == 0.0
+
+
+def test_bad_terms_are_refused_by_name():
+    with pytest.raises(ValueError, match="per_token_s"):
+        StepCost(per_token_s=-1.0)
+    with pytest.raises(ValueError, match="unknown step cost term"):
+        StepCost.from_dict({"per_widget_s": 1.0})
+
+
+def test_a_profile_survives_json(tmp_path):
+    profile = hand_profile(transfer=TransferCost(0.003, 2e9))
+    profile.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json") == profile
+    assert profile.transfer_seconds(1000) == pytest.approx(0.003 + 32_000 / 2e9)
+
+
+def test_a_broken_profile_file_says_what_is_wrong(tmp_path):
+    (tmp_path / "bad.json").write_text('{"format": 1, "device": "x"}')
+    with pytest.raises(ValueError, match="bad.json"):
+        Profile.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="cannot read profile"):
+        Profile.load(tmp_path / "missing.json")
+
+
+LLAMA_8B = ModelDims("Llama-3.1-8B", num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32,
+                     num_kv_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072)  # fmt: skip
+
+
+def test_published_figures_give_a_decode_step_near_the_memory_bound():
+    h100 = published_profile("h100", LLAMA_8B)
+    weights_gb = LLAMA_8B.weight_params * 2 / 1e9
+    assert 15 < weights_gb < 17  # 8B parameters in bf16
+    step = h100.step_seconds(StepShape.decode(1, 1000))
+    bound = weights_gb * 1e9 / 3.35e12
+    assert bound < step < bound / 0.75 + 0.004  # the bandwidth bound, the stated efficiency, the host overhead
+    tp2 = published_profile("h100", LLAMA_8B, tp_size=2)
+    assert tp2.step.weights_s == pytest.approx(h100.step.weights_s / 2) and tp2.step.per_token_comm_s > 0
+    assert tp2.kv_cache_tokens > 2 * h100.kv_cache_tokens  # the second GPU's memory holds no second copy
+
+
+def test_a_model_that_does_not_fit_is_an_error_not_a_plan():
+    huge = ModelDims("huge", 80, 8192, 28672, 64, 8, 128, 128256)  # 70B: 140 GB in bf16
+    with pytest.raises(ValueError, match="does not fit on L40S at tp 1"):
+        published_profile("l40s", huge)
+    assert published_profile("h200", huge, tp_size=2).kv_cache_tokens > 0
+    with pytest.raises(ValueError, match="unknown device"):
+        published_profile("tpu", TINY_DIMS)

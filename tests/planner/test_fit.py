@@ -1,0 +1,43 @@
+"""The fit recovers the terms that made the steps, and reports how far it is off."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from costmodel import StepCost, StepShape
+from planner.fit import StepSample, fit_step_cost
+
+TRUE = StepCost(fixed_s=0.002, weights_s=0.015, per_token_s=0.0005, per_sampled_row_s=0.0002,
+                per_decode_context_token_s=1e-6, per_attention_pair_s=3e-7, per_prefill_context_token_s=2e-6)  # fmt: skip
+
+
+def shapes() -> list[StepShape]:
+    out = [StepShape.prefill(n, c) for n in (16, 64, 256, 1024, 2048) for c in (0, 512, 1536)]
+    out += [StepShape.decode(rows, ctx) for rows in (1, 4, 16, 64, 128) for ctx in (64, 512, 2048)]
+    out += [StepShape.of([(512, 0, True)], [300] * rows) for rows in (4, 32)]
+    return out
+
+
+def test_noiseless_steps_are_fitted_exactly():
+    cost, report = fit_step_cost([StepSample(s, TRUE.seconds(s)) for s in shapes()])
+    assert report.max_abs_error < 0.01
+    assert cost.per_token_s == pytest.approx(TRUE.per_token_s, rel=0.02)
+    assert cost.fixed_s + cost.weights_s == pytest.approx(TRUE.fixed_s + TRUE.weights_s, rel=0.05)
+
+
+def test_a_few_slowed_steps_do_not_pull_the_fit():
+    rng = random.Random(0)
+    samples = [StepSample(s, TRUE.seconds(s) * rng.uniform(0.97, 1.03)) for s in shapes() * 3]
+    samples += [StepSample(s, TRUE.seconds(s) * 1.6) for s in shapes()[:4]]  # a busy machine's outliers
+    cost, report = fit_step_cost(samples)
+    assert report.median_abs_error < 0.03
+    assert report.worst[0][1] > report.worst[0][2]  # the worst points are the slowed ones, measured above the fit
+    big = StepShape.prefill(2048)
+    assert cost.seconds(big) == pytest.approx(TRUE.seconds(big), rel=0.05)
+
+
+def test_too_few_steps_to_fit_is_an_error():
+    with pytest.raises(ValueError, match="at least"):
+        fit_step_cost([StepSample(StepShape.decode(1, 1), 0.01)] * 3)

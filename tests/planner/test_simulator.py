@@ -1,0 +1,95 @@
+"""The simulator runs the engine's own scheduler on priced time: small cases reckoned by hand, exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel import TransferCost
+from planner.layout import EngineLimits, Layout, PoolLayout
+from planner.sim.run import simulate
+from planner.workload import SimRequest, WorkloadSpec
+from runtime.arrival_window import ArrivalWindowConfig
+from tests.planner.profiles import TINY_DIMS, hand_profile
+
+NO_WINDOW = ArrivalWindowConfig(max_hold_s=0.0)
+LIMITS = EngineLimits(max_num_batched_tokens=64)
+
+
+def prompt(n: int, first: int = 100) -> tuple[int, ...]:
+    return tuple(range(first, first + n))
+
+
+def test_colocated_schedule_as_reckoned_by_hand():
+    """One worker, a 64-token budget, steps of 10 ms + 1 ms per token.
+
+    0.000 A (100 tokens) arrives: a 64-token chunk of A               74 ms -> 0.074
+    0.050 B (10 tokens) arrives; the worker is inside a step
+    0.074 A's last 36 tokens + B's 10: both sample their first token  56 ms -> 0.130
+    0.130 two decode rows                                             12 ms -> 0.142  (B's 2nd and last token)
+    0.142 one decode row                                              11 ms -> 0.153  (A's 3rd and last token)
+    """
+    layout = Layout(PoolLayout(0, None), PoolLayout(1, hand_profile()), LIMITS, arrival_window=NO_WINDOW)
+    result = simulate(layout, [SimRequest(0.0, prompt(100), 3), SimRequest(0.05, prompt(10, 900), 2)])
+    a, b = result.requests
+    assert a.token_times == pytest.approx([0.130, 0.142, 0.153])
+    assert b.token_times == pytest.approx([0.130, 0.142])
+    assert (a.ttft, b.ttft, b.latency) == pytest.approx((0.130, 0.080, 0.092))
+    assert result.duration_s == pytest.approx(0.153) and result.steps == 4
+
+
+def test_disaggregated_schedule_with_handoff_and_transfer():
+    """1 prefill + 1 decode worker, 1 ms per hop; the KV (32 B a token) moves at 32 MB/s after a 2 ms latency.
+
+    0.000 arrival -> 0.001 reserve on decode -> 0.002 reply -> 0.003 prefill task
+    0.003 prefill: 64 tokens 74 ms -> 0.077; 36 tokens 46 ms -> 0.123 (first token)
+    0.124 the first token reaches the client and decode's inbox
+          the KV: 100 tokens = 0.1 ms on the wire, streamed from 0.077; the last of 2 layers leaves after
+          the step: lands at max(0.0771, 0.12305) + 0.002 = 0.12505
+    0.12505 decode admits it and steps one row: 11 ms -> 0.13605 (+1 ms: 0.13705); again -> 0.14805
+    """
+    transfer = TransferCost(latency_s=0.002, bytes_per_s=32e6)
+    profile = hand_profile(message_s=0.001, transfer=transfer)
+    layout = Layout(PoolLayout(1, profile), PoolLayout(1, profile), LIMITS, arrival_window=NO_WINDOW)
+    result = simulate(layout, [SimRequest(0.0, prompt(100), 3)])
+    (a,) = result.requests
+    assert a.token_times == pytest.approx([0.124, 0.13705, 0.14805])
+    assert a.success and a.output_tokens == 3
+
+
+def test_the_arrival_window_holds_an_idle_workers_first_step():
+    """Arrivals 0 and 5 ms apart reach an idle worker: its first step waits for quiet (12 ms) and takes both."""
+    layout = Layout(PoolLayout(0, None), PoolLayout(1, hand_profile()), LIMITS)
+    result = simulate(layout, [SimRequest(0.0, prompt(20), 1), SimRequest(0.005, prompt(20, 500), 1)])
+    # The window closes 12 ms after the last arrival: one step of 40 tokens, 50 ms.
+    assert [r.token_times for r in result.requests] == [pytest.approx([0.067])] * 2
+
+
+def test_blocks_come_back_and_a_full_decode_pool_preempts_and_still_finishes():
+    """A decode KV pool too small for every request at once: the engine preempts and recomputes; all finish."""
+    limits = EngineLimits(max_num_batched_tokens=256, num_kv_blocks=24)  # 384 tokens of KV
+    layout = Layout(PoolLayout(0, None), PoolLayout(1, hand_profile()), limits)
+    requests = WorkloadSpec(num_prompts=8, random_input_len=100, random_output_len=60, ignore_eos=True).requests(1000)
+    result = simulate(layout, requests)
+    assert all(r.success and r.output_tokens == 60 for r in result.requests)
+
+
+def test_disaggregated_pools_free_every_block():
+    profile = hand_profile(message_s=0.001, transfer=TransferCost(0.001, 1e6))
+    layout = Layout(PoolLayout(2, profile), PoolLayout(2, profile), EngineLimits())
+    requests = WorkloadSpec(num_prompts=40, random_input_len=120, random_output_len=20, request_rate=50,
+                            ignore_eos=True).requests(TINY_DIMS.vocab_size)  # fmt: skip
+    from planner.sim.events import EventQueue
+    from planner.sim.router import SimRouter
+    from planner.sim.run import _Client, build_workers
+
+    events = EventQueue()
+    workers = build_workers(layout, events)
+    router = SimRouter(events, workers, layout.router, 16, colocated=False)
+    router.start_polling()
+    client = _Client(events, router, requests, None)
+    events.run()
+    assert client.ended == 40 and all(r.success for r in client.requests)
+    events.run(until=events.now + 1.0)  # let the last TransferDone arrive
+    for w in workers:
+        assert w.engine.kv_cache.num_free_blocks == w.engine.kv_cache.pool.num_blocks, w.name
+    assert all(s.in_flight == 0 and s.prompt_tokens_queued == 0 for s in router.registry.workers.values())
