@@ -77,9 +77,9 @@ def device_figures(name: str) -> DeviceFigures:
 
 
 def published_profile(device: str | DeviceFigures, model: ModelDims, tp_size: int = 1, dtype_bytes: int = 2,
-                      price_per_hour: float | None = None) -> Profile:  # fmt: skip
-    """The profile of a worker of `tp_size` such devices, from their figures; raises ValueError when the model
-    does not fit in their memory or cannot be split `tp_size` ways."""
+                      device_price_per_hour: float | None = None) -> Profile:  # fmt: skip
+    """The profile of a worker of `tp_size` such devices, from their figures (its price: `tp_size` device-hours);
+    raises ValueError when the model does not fit in their memory or cannot be split `tp_size` ways."""
     dev = device if isinstance(device, DeviceFigures) else device_figures(device)
     if tp_size < 1 or model.num_kv_heads % tp_size and tp_size % model.num_kv_heads:
         raise ValueError(f"{model.name}: {model.num_kv_heads} KV heads cannot be split over tp {tp_size}")
@@ -108,7 +108,7 @@ def published_profile(device: str | DeviceFigures, model: ModelDims, tp_size: in
                f"efficiency: matmul {MATMUL_EFFICIENCY}, attention {ATTENTION_EFFICIENCY}, memory "
                f"{MEMORY_EFFICIENCY}, links {LINK_EFFICIENCY}; host {HOST_STEP_S * 1e3:g} ms + "
                f"{HOST_PER_LAYER_S * 1e6:g} us/layer per step"),
-        price_per_hour=price_per_hour,
+        price_per_hour=None if device_price_per_hour is None else device_price_per_hour * tp_size,
     )  # fmt: skip
 
 

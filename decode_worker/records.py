@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.request import Request
 from wire.requests import DecodeReservation
 from runtime.control_service import Call
 
@@ -88,6 +89,12 @@ class DecodeRecord:
     reason: str = ""  # why it is ending (sent with the final delta)
     spliced: int = 0  # tokens streamed before it was prefilled here after a failed transfer
     num_output: int = 0  # output tokens the client has been sent (a final error delta says how many)
+    # For the phases its final delta reports (engine clock): the engine's request, when its first token and
+    # (the last share of) its KV arrived, when it joined the running batch (None: prefilled here).
+    request: Request | None = None
+    first_token_seen: float | None = None
+    kv_landed_at: float | None = None
+    admitted_at: float | None = None
 
     @property
     def ready(self) -> bool:

@@ -28,6 +28,7 @@ request with an error delta. When the router stops calling (no call for
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from decode_worker.streaming import final_delta, output_delta, spliced
 from engine.llm_engine import EngineStepError, LLMEngine
 from engine.remote_kv import NoFreeBlocks, admit_remote_kv, count_uncached_tokens, fail_remote_kv, reserve_remote_kv
 from wire.codec import decode
-from runtime.engine_bridge import sampling_params
+from runtime.engine_bridge import decode_phases, sampling_params
 from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ShardEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, ReserveRefused, WorkerLoad
 from runtime.rank_links import RankLinks
@@ -100,7 +101,8 @@ class DecodeWorker(RequestTable):
             if request.local_prefill or count_uncached_tokens(self.engine, prompt) < self.config.local_prefill_threshold:
                 self.engine.add_request(rid, prompt, params)
                 self.window.queued(self.engine)
-                self.records[rid] = DecodeRecord(rid, request.stream_address, len(prompt), Phase.RUNNING)
+                self.records[rid] = DecodeRecord(rid, request.stream_address, len(prompt), Phase.RUNNING,
+                                                 request=self.engine.requests[rid])  # fmt: skip
                 return call.answer(DecodeReservation(rid, prefill_locally=True))
             res = reserve_remote_kv(self.engine, rid, prompt, params)
         except NoFreeBlocks as err:
@@ -111,7 +113,8 @@ class DecodeWorker(RequestTable):
         self.io.post(ExpectKV(rid, blocks))  # before any answer: the receiver expects it before anyone knows where
         reservation = DecodeReservation(rid, False, self.receiver_address, self.inbox.address, blocks,
                                         res.num_cached_blocks, self._kv_addresses(), self.tp_size)  # fmt: skip
-        record = DecodeRecord(rid, request.stream_address, len(prompt), Phase.AWAITING_KV, call, reservation)
+        record = DecodeRecord(rid, request.stream_address, len(prompt), Phase.AWAITING_KV, call, reservation,
+                              request=self.engine.requests[rid])  # fmt: skip
         self.records[rid] = record
         if self.ranks is None:
             return self._answer_reserve(record)
@@ -211,6 +214,8 @@ class DecodeWorker(RequestTable):
 
     def _to_admission(self, record: DecodeRecord, event: Event, token: int | None = None, rank: int | None = None,
                       **_) -> None:  # fmt: skip
+        if event is not Event.FIRST_TOKEN:
+            record.kv_landed_at = self.engine.clock()
         if event is Event.KV_DONE:
             record.kv_landed = True
             if record.first_token is None:  # the prefill worker sends both at once; give the token time to come
@@ -219,6 +224,7 @@ class DecodeWorker(RequestTable):
             record.shards_missing.discard(rank)
         else:
             record.first_token, record.deadline = token, None
+            record.first_token_seen = self.engine.clock()
 
     def _to_recompute_or_end(self, record: DecodeRecord, event: Event, reason: str, **_) -> None:
         self._release(record, "recompute" if self.config.kv_transfer_failure == "recompute" else "end", reason)
@@ -263,6 +269,7 @@ class DecodeWorker(RequestTable):
         logger.warning("%s: recomputing the prompt here (%s)", record.request_id, record.reason)
         try:
             record.spliced, finish_reason = requeue_locally(self.engine, req, record.first_token)
+            record.request, record.admitted_at = self.engine.requests.get(record.request_id), None
         except ValueError as err:
             record.reason, finish_reason = f"{record.reason}; recomputing failed: {err}", "abort"
             record.spliced = int(record.first_token is not None)
@@ -275,10 +282,11 @@ class DecodeWorker(RequestTable):
 
     def _admit_ready(self) -> None:
         for record in [r for r in self.records.values() if r.phase is Phase.AWAITING_KV and r.ready]:
+            admitted_at = self.engine.clock()
             out = admit_remote_kv(self.engine, record.request_id, record.first_token)
             if out is None:
                 return  # no seat in the batch: the oldest waits first
-            record.phase, record.deadline = Phase.RUNNING, None
+            record.phase, record.deadline, record.admitted_at = Phase.RUNNING, None, admitted_at
             self._stream(record, out, already_streamed=1)
             if out.finished:
                 self.on(record.request_id, Event.FINISHED)
@@ -311,6 +319,9 @@ class DecodeWorker(RequestTable):
         delta = output_delta(out, already_streamed)
         if delta is not None:
             delta = spliced(delta, record.spliced)
+            if delta.finished and record.request is not None:
+                delta = dataclasses.replace(delta, phases=decode_phases(record.request, record.first_token_seen,
+                                                                        record.kv_landed_at, record.admitted_at))  # fmt: skip
             record.num_output = delta.first_index + len(delta.token_ids)
             self.pushers.send(record.stream_address, delta)
 

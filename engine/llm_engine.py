@@ -200,7 +200,8 @@ class LLMEngine:
         text, token_ids = self._tokenize(prompt)
         self._validate_tokens(token_ids)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
-        req = Request(request_id, token_ids, params, max_tokens, eos_token_ids=self.eos_token_ids)
+        req = Request(request_id, token_ids, params, max_tokens, eos_token_ids=self.eos_token_ids,
+                      arrival_time=self.clock())  # fmt: skip
         if params.structured is not None:  # GrammarError (a ValueError): an invalid spec or resumed output
             resumed = token_ids[len(token_ids) - params.resumed_output_tokens :] if params.resumed_output_tokens else []
             req.sampling.grammar = self.grammars.state_for(params.structured, resumed)
@@ -232,6 +233,9 @@ class LLMEngine:
         if sched.is_empty:
             return []
         advanced = prompt_tokens_advanced(sched)
+        for s in sched.scheduled:
+            if s.request.first_scheduled_at is None:
+                s.request.first_scheduled_at = started
         connector = self.kv_connector
         try:
             attachment = connector.before_forward(sched) if connector is not None else b""
@@ -266,6 +270,12 @@ class LLMEngine:
     def _append_token(self, req: Request, token: int, logprobs) -> RequestOutput:
         req.output_token_ids.append(token)
         req.output_logprobs.append(logprobs)
+        if len(req.output_token_ids) <= 2:
+            now = self.clock()
+            if req.first_token_at is None:
+                req.first_token_at = now
+            else:
+                req.second_token_at = now
         status = self._check_stop(req, token)
         if status is not None:
             self.scheduler.finish(req, status)

@@ -51,6 +51,12 @@ class Request:
     stop_reason: int | str | None = None
     # Prefill role: finishing leaves `blocks` held for a KV transfer; the caller frees them (engine.remote_kv).
     hold_blocks: bool = False
+    # On the engine's clock (`LLMEngine.clock`), for the phases a worker reports: when a step first computed
+    # some of it, and the end of the steps that made its first and second output tokens (a first token
+    # sampled elsewhere counts when `admit_remote_kv` takes it).
+    first_scheduled_at: float | None = None
+    first_token_at: float | None = None
+    second_token_at: float | None = None
 
     def __post_init__(self):
         self.sampling = SamplingState.create(

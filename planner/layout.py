@@ -82,8 +82,9 @@ class Layout:
 
     def describe(self) -> str:
         def pool(p: PoolLayout) -> str:
-            threads = f" x{p.profile.torch_threads}t" if p.profile.torch_threads else ""
-            return f"{p.replicas} x {p.profile.device} tp{p.profile.tp_size}{threads}"
+            device = p.profile.device.split(" [")[0]  # a CPU's name without its extensions
+            size = f"{p.profile.torch_threads} thread(s)" if p.profile.torch_threads else f"tp{p.profile.tp_size}"
+            return f"{p.replicas} x {device} {size}"
 
         if self.colocated:
             return f"colocated: {pool(self.decode)}"

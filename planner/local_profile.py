@@ -13,6 +13,7 @@ measured again.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import json
@@ -28,7 +29,7 @@ from planner.layout import EngineLimits
 from planner.profiler import ProfileGrid
 
 logger = logging.getLogger("tandem.planner")
-METHOD = "grid-v1"  # how steps are timed and fitted: part of the key
+METHOD = "grid-v4"  # how steps are timed and fitted: part of the key
 
 
 @dataclass(frozen=True)
@@ -90,17 +91,19 @@ def local_profile(worker: LocalWorker, refresh: bool = False, grid: ProfileGrid 
                 return cached
         except ValueError as err:
             logger.warning("measuring again: %s", err)
-    profile = measure_profile(worker, model_dir, key, grid, on_progress)
+    profile, samples = measure_profile(worker, model_dir, key, grid, on_progress)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         profile.save(path)
+        save_samples(samples, path.with_suffix(".samples.json"))
     except OSError as err:
         logger.warning("cannot cache the profile at %s: %s", path, err)
     return profile
 
 
 def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = (), grid: ProfileGrid = ProfileGrid(),
-                    on_progress: Callable[[str], None] = lambda what: None) -> Profile:  # fmt: skip
+                    on_progress: Callable[[str], None] = lambda what: None) -> tuple[Profile, list]:  # fmt: skip
+    """The measured profile, and the steps it was fitted to (`planner.fit.StepSample`s)."""
     import torch
 
     from engine.cpu_features import cpu_features
@@ -125,10 +128,25 @@ def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = 
     on_progress("timing a KV transfer between two processes")
     transfer = probe_transfer(config, dtype)
     device = cpu_features().signature() if worker.device == "cpu" else _gpu_name()
-    return Profile(device=device, source="measured", model=model_dims(model_dir), dtype=dtype,
-                   dtype_bytes=torch.tensor([], dtype=config.dtype).element_size(), tp_size=1, step=step,
-                   transfer=transfer, kv_cache_tokens=kv_tokens, torch_threads=worker.torch_threads,
-                   serving=ServingCost(), fit=fit, key=key)  # fmt: skip
+    profile = Profile(device=device, source="measured", model=model_dims(model_dir), dtype=dtype,
+                      dtype_bytes=torch.tensor([], dtype=config.dtype).element_size(), tp_size=1, step=step,
+                      transfer=transfer, kv_cache_tokens=kv_tokens, torch_threads=worker.torch_threads,
+                      serving=ServingCost(), fit=fit, key=key)  # fmt: skip
+    return profile, samples
+
+
+def save_samples(samples, path: str | Path) -> None:
+    """The measured steps beside the profile (each shape's counts and its seconds): the fit's evidence."""
+    rows = [{**dataclasses.asdict(s.shape), "seconds": s.seconds} for s in samples]
+    Path(path).write_text(json.dumps(rows) + "\n")
+
+
+def load_samples(path: str | Path) -> list:
+    from costmodel import StepShape
+    from planner.fit import StepSample
+
+    rows = json.loads(Path(path).read_text())
+    return [StepSample(StepShape(**{k: v for k, v in row.items() if k != "seconds"}), row["seconds"]) for row in rows]
 
 
 def probe_transfer(config, dtype: str) -> TransferCost:

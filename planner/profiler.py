@@ -6,9 +6,10 @@ pays it. The grid covers what serving mixes:
 
   - prefill chunks of each length in `prefill_lengths`, from an empty cache;
   - chunks of `cached_news` tokens after `cached_contexts` tokens served by the prefix cache;
-  - decode batches of `decode_rows` rows at each context of `decode_contexts` (the rows share their
-    context as a cached prefix plus a few tokens of their own, so building a batch costs one prefill,
-    while each row's attention still reads its whole context), `decode_steps` steps each;
+  - decode batches of `decode_rows` rows at each context of `decode_contexts`, `decode_steps` steps each;
+    every row has a context of its own, as in serving (rows sharing a cached prefix read the same blocks,
+    which the CPU's caches then serve: their steps ran up to a third faster than distinct rows'), so a
+    batch is only built where its prompts total at most `max_decode_batch_tokens`;
   - mixed steps: decode batches of `mixed_rows` joined by a prompt of each of `mixed_prompts` tokens.
 
 Every step the grid makes, the setup ones too, is a sample; the fit (`planner.fit`) uses them all.
@@ -33,16 +34,17 @@ class ProfileGrid:
     prefill_reps: int = 3
     cached_contexts: tuple[int, ...] = (512, 1536)
     cached_news: tuple[int, ...] = (32, 256)
-    decode_rows: tuple[int, ...] = (1, 4, 16, 64, 128)
-    decode_contexts: tuple[int, ...] = (64, 512, 2048)
-    decode_steps: int = 8
+    decode_rows: tuple[int, ...] = (1, 4, 8, 16, 32, 64, 128)
+    decode_contexts: tuple[int, ...] = (64, 640, 1664)
+    decode_steps: int = 16
+    max_decode_batch_tokens: int = 40_000
     mixed_rows: tuple[int, ...] = (4, 32)
     mixed_prompts: tuple[int, ...] = (128, 1024)
 
     @classmethod
     def tiny(cls) -> "ProfileGrid":
         """A grid for tiny test models: every kind of step, seconds in all."""
-        return cls((8, 32, 96), 1, (32,), (16,), (1, 4, 8), (16, 48), 3, (2,), (24,))
+        return cls((8, 32, 96), 1, (32,), (16,), (1, 4, 8), (16, 48), 3, 400, (2,), (24,))
 
 
 class _RecordingRunner:
@@ -109,14 +111,20 @@ class StepProfiler:
                 self._generate([base + self._tokens(new)], 1)
 
     def _decodes(self, grid: ProfileGrid) -> None:
-        for context in self._fitting(grid.decode_contexts, grid.decode_steps + 16):
-            base = self._tokens(context)
-            self._generate([base], 1)
+        """Rows prefilled first (those done early decode beside the later chunks: mixed steps, kept too), then
+        `decode_steps` steps of the whole batch, then the batch is dropped."""
+        for context in self._fitting(grid.decode_contexts, grid.decode_steps):
             for rows in grid.decode_rows:
-                if not self._fits(rows, context + 16 + grid.decode_steps):
+                if rows * context > grid.max_decode_batch_tokens or not self._fits(rows, context + grid.decode_steps):
                     continue
                 self.on_progress(f"decode {rows} rows at context {context}")
-                self._generate([base + self._tokens(16) for _ in range(rows)], grid.decode_steps)
+                room = self.engine.max_model_len - context - 1
+                ids = self._add([self._tokens(context) for _ in range(rows)], room)
+                self._step_until(lambda: all(self.engine.requests[i].output_token_ids for i in ids))
+                for _ in range(grid.decode_steps):
+                    self._step()
+                for request_id in ids:
+                    self.engine.abort_request(request_id)
 
     def _mixed(self, grid: ProfileGrid) -> None:
         for rows in grid.mixed_rows:
@@ -132,20 +140,26 @@ class StepProfiler:
         self._add(prompts, max_tokens)
         self._step_until(lambda: not self.engine.has_unfinished_requests())
 
-    def _add(self, prompts: list[list[int]], max_tokens: int) -> None:
+    def _add(self, prompts: list[list[int]], max_tokens: int) -> list[str]:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        ids = []
         for prompt in prompts:
             self._ids += 1
-            self.engine.add_request(f"profile-{self._ids}", {"prompt_token_ids": prompt}, params)
+            ids.append(f"profile-{self._ids}")
+            self.engine.add_request(ids[-1], {"prompt_token_ids": prompt}, params)
+        return ids
 
     def _step_until(self, done: Callable[[], bool]) -> None:
         while not done():
-            start = time.perf_counter()
-            self.engine.step()
-            seconds = time.perf_counter() - start
-            if self.runner.last_shape is not None:
-                self.samples.append(StepSample(self.runner.last_shape, seconds))
-                self.runner.last_shape = None
+            self._step()
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        self.engine.step()
+        seconds = time.perf_counter() - start
+        if self.runner.last_shape is not None:
+            self.samples.append(StepSample(self.runner.last_shape, seconds))
+            self.runner.last_shape = None
 
     def _tokens(self, n: int) -> list[int]:
         low, high = self._token_range

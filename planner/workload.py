@@ -8,9 +8,11 @@ Datasets as vLLM's benchmark draws them (token ids, no text: the simulator needs
     after `random_prefix_len` tokens every prompt shares;
   - prefix_repetition: `num_prefixes` prefixes of `prefix_len` tokens, each prompt one of them plus its
     own `suffix_len` tokens, in random order.
-Arrivals: the first request at 0, then gaps drawn from Gamma(burstiness, 1 / (rate * burstiness)) (Poisson
-at burstiness 1); `request_rate` inf sends all at once. `max_concurrency` is the client's: a request
-also waits for one of that many slots (`planner.sim.client`).
+Arrivals as vLLM's client times them (`vllm.benchmarks.serve.get_request`): one gap per request drawn from
+Gamma(burstiness, 1 / (rate * burstiness)) (Poisson at burstiness 1) by numpy's global generator seeded
+with `seed`, summed, then scaled so the last request goes at exactly num_prompts / rate; `request_rate`
+inf sends all at once. With the same seed the simulated requests arrive when vLLM's would.
+`max_concurrency` is the client's: a request also waits for one of that many slots (`planner.sim.run`).
 
 A model's end-of-sequence cannot be simulated: every request generates its whole output length, as
 with `--ignore-eos` (a spec without it says so in `caveats`).
@@ -89,7 +91,7 @@ class WorkloadSpec:
             prompts, outputs = self._random(rng, tokens)
         else:
             prompts, outputs = self._prefix_repetition(rng, tokens)
-        arrivals = arrival_times(rng, len(prompts), self.request_rate, self.burstiness)
+        arrivals = vllm_arrival_times(self.seed, len(prompts), self.request_rate, self.burstiness)
         return [SimRequest(a, p, o) for a, p, o in zip(arrivals, prompts, outputs)]
 
     def _random(self, rng, tokens: "_TokenSource"):
@@ -129,10 +131,15 @@ def arrival_gaps(rng: np.random.Generator, num: int, request_rate: float, bursti
     return rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=num).tolist()
 
 
-def arrival_times(rng: np.random.Generator, num: int, request_rate: float, burstiness: float = 1.0) -> list[float]:
-    """The first request at 0, each next one a gap later (`arrival_gaps`)."""
-    gaps = arrival_gaps(rng, max(0, num - 1), request_rate, burstiness)
-    return [0.0, *np.cumsum(gaps).tolist()][:num]
+def vllm_arrival_times(seed: int, num: int, request_rate: float, burstiness: float = 1.0) -> list[float]:
+    """When `vllm bench serve --seed seed` sends each of `num` requests, from its start (see the module doc)."""
+    if burstiness <= 0:
+        raise ValueError(f"burstiness must be > 0, got {burstiness}")
+    if math.isinf(request_rate):
+        return [0.0] * num
+    state = np.random.RandomState(seed)  # vLLM seeds numpy's global generator and draws one gap at a time
+    delays = np.cumsum([state.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness)) for _ in range(num)])
+    return (delays * (num / request_rate) / delays[-1]).tolist()
 
 
 class _TokenSource:

@@ -35,7 +35,7 @@ from engine.remote_kv import add_prefill_request, release_blocks
 from engine.scheduler import SchedulerOutput
 from wire.codec import decode, encode
 from runtime.arrival_window import ArrivalWindow
-from runtime.engine_bridge import prompt_token_logprobs, sampling_params, token_logprobs
+from runtime.engine_bridge import prompt_phases, prompt_token_logprobs, sampling_params, token_logprobs
 from kvtransfer.faults import TransportFaults
 from wire.ranks import DropShard, RankAck, RankEndpoint, ShardOrder, ShardOrders
 from wire.requests import FirstToken, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
@@ -242,6 +242,7 @@ class PrefillWorker(RequestTable):
         request_id, token = out.request_id, out.new_token_ids[0]
         logprobs = token_logprobs(out.outputs[0].logprobs, 1)
         delta = TokenDelta(request_id, 0, (token,), logprobs=logprobs,
-                           prompt_logprobs=prompt_token_logprobs(out.prompt_logprobs))  # fmt: skip
+                           prompt_logprobs=prompt_token_logprobs(out.prompt_logprobs),
+                           phases=prompt_phases(record.request))  # fmt: skip
         self.pushers.send(record.task.request.stream_address, delta)
         self.pushers.send(record.task.reservation.inbox_address, FirstToken(request_id, token))

@@ -197,6 +197,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    phases: list[dict[str, float]] = []  # each choice's, in order: where its time went (router.phases)
 
 
 class ModelCard(BaseModel):

@@ -44,7 +44,7 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
                          runner.max_stream_backlog_bytes)  # fmt: skip
     choices = await collect(running, request)
     return JSONResponse(content=ChatCompletionResponse(
-        id=rid, created=created, model=model.name, usage=running.usage(),
+        id=rid, created=created, model=model.name, usage=running.usage(), phases=running.phases(),
         choices=[
             {"index": i, **_message_and_finish(c["text"], c["finish_reason"], tools),
              "logprobs": _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs else None}
@@ -77,7 +77,7 @@ async def _chunks(running: RunningRequest, rid: str, created: int, model: Served
                   "logprobs": _logprobs(model, update.token_ids, update.logprobs) if logprobs else None}  # fmt: skip
         yield {**base, "choices": [choice]}
     if include_usage:
-        yield {**base, "choices": [], "usage": running.usage()}
+        yield {**base, "choices": [], "usage": running.usage(), "phases": running.phases()}
 
 
 class ToolDeltas:

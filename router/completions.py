@@ -44,6 +44,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
                      "finish_reason": c["finish_reason"]}
                     for i, c in sorted(choices.items())],
         "usage": running.usage(),
+        "phases": running.phases(),
     })  # fmt: skip
 
 
@@ -84,7 +85,7 @@ async def _chunks(running: RunningRequest, rid: str, created: int, model: Served
         parts = echo.choice(update.index, update.text, update.token_ids, update.logprobs, update.prompt_logprobs)
         yield {**base, "choices": [{"index": update.index, **parts, "finish_reason": update.finish_reason}]}
     if include_usage:
-        yield {**base, "choices": [], "usage": running.usage()}
+        yield {**base, "choices": [], "usage": running.usage(), "phases": running.phases()}
 
 
 def _num_prompts(prompt) -> int:

@@ -91,6 +91,11 @@ class Generation:
         """Idempotent. An unfinished generation (client gone, error) is aborted on both workers."""
         self.dispatcher._close(self)
 
+    @property
+    def prompt_phases(self):
+        """The phases its prefill worker measured (`wire.requests.PhaseTimes`; None: decode prefilled it)."""
+        return self.outputs.prompt_phases
+
 
 class Dispatcher:
     def __init__(self, registry: WorkerRegistry, stream: TokenStreamConsumer, colocated: bool = False,

@@ -1,7 +1,8 @@
 """Prometheus metrics, named as vLLM names them with a `tandem:` prefix where vLLM has one.
 
 Per request (sequence): time to first token, time per output token, end-to-end
-latency, finish reasons, prompt and generated tokens, prefix-cache queries and
+latency and its phases (`router.phases`: queue, prefill, KV transfer, decode seat, first decode step,
+decode), finish reasons, prompt and generated tokens, prefix-cache queries and
 hits (prompt tokens, and those the decode worker already held), attempts that
 decode prefilled for want of a prefill worker (by reason). Per HTTP
 response: status by endpoint. Per worker, read at scrape time from the
@@ -26,6 +27,15 @@ from router.registry import WorkerRegistry
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0)  # fmt: skip
+# router.phases: one histogram each, vLLM's names (request_queue_time_seconds, ...) with ours for the handoff.
+_PHASES = {
+    "queue": "Arrival to the prompt's first step (routing, handoff, the worker's queue).",
+    "prefill": "The prompt's first step to the step that sampled its first token.",
+    "kv_transfer": "The first token at the decode worker to the prompt's KV there.",
+    "decode_seat": "The KV and first token at the decode worker to a seat in its running batch.",
+    "first_decode": "The seat to the step that made the second token.",
+    "decode": "The second token to the last.",
+}
 _TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
@@ -53,12 +63,23 @@ class RouterMetrics:
                                       "take them, by reason (router.local_prefill).",
                                       ["reason"], registry=r)  # fmt: skip
         self.in_flight = Gauge("tandem:num_sequences_in_flight", "Admitted sequences not yet ended.", registry=r)
+        self.phases = {name: Histogram(f"tandem:request_{name}_time_seconds", what, buckets=_LATENCY_BUCKETS, registry=r)
+                       for name, what in _PHASES.items()}  # fmt: skip
+        self.phase_errors = Counter("tandem:request_phase_accounting_errors",
+                                    "Sequences whose workers' phases exceeded the router's interval (a bug).",
+                                    registry=r)  # fmt: skip
         r.register(_WorkerCollector(workers))
         r.register(_RefusalCollector(workers))
 
-    def sequence_finished(self, arrived: float, first_token_at: float | None, final) -> None:
-        now = time.monotonic()
+    def sequence_finished(self, arrived: float, first_token_at: float | None, final, phases=None,
+                          now: float | None = None) -> None:  # fmt: skip
+        now = time.monotonic() if now is None else now
         self.e2e.observe(now - arrived)
+        if phases is not None:
+            for name, histogram in self.phases.items():
+                histogram.observe(getattr(phases, f"{name}_s"))
+            if not phases.adds_up:
+                self.phase_errors.inc()
         if first_token_at is not None:
             self.ttft.observe(first_token_at - arrived)
             if final.num_output_tokens > 1:

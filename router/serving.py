@@ -23,6 +23,7 @@ from router.choice_output import ChoiceOutput, ChoiceUpdate
 from router.dispatch import Dispatcher, Generation
 from router.errors import APIError, from_dispatch, internal_error
 from router.metrics import RouterMetrics
+from router.phases import RequestPhases
 from router.served_model import ServedModel
 from wire.requests import SamplingSpec, TokenDelta
 
@@ -55,6 +56,7 @@ class _Choice:
     output: ChoiceOutput
     first_token_at: float | None = None
     final: TokenDelta | None = None
+    phases: RequestPhases | None = None  # once finished
 
 
 @dataclass
@@ -113,7 +115,15 @@ class RunningRequest:
         choice.final = final
         if not choice.generation.finished:
             choice.generation.close()  # a stop string ended it here, not its worker: abort it there
-        self.runner.metrics.sequence_finished(self.arrived, choice.first_token_at, final)
+        now = time.monotonic()
+        first = choice.first_token_at if choice.first_token_at is not None else now
+        choice.phases = RequestPhases.of(now - self.arrived, first - self.arrived,
+                                         choice.generation.prompt_phases, final.phases)  # fmt: skip
+        self.runner.metrics.sequence_finished(self.arrived, choice.first_token_at, final, choice.phases, now)
+
+    def phases(self) -> list[dict[str, float]]:
+        """Each finished choice's phases (`router.phases`), in choice order: the response's `phases`."""
+        return [c.phases.to_dict() for c in self.choices if c.phases is not None]
 
     def usage(self) -> dict:
         completion = sum(c.final.num_output_tokens for c in self.choices if c.final is not None)

@@ -33,7 +33,7 @@ from typing import AsyncIterator, Callable
 import zmq
 
 from wire.codec import DecodeError, decode
-from wire.requests import TokenDelta, TokenLogprob
+from wire.requests import PhaseTimes, TokenDelta, TokenLogprob
 from wire.socket_security import ClusterKey, bind_secured, process_key, refuse
 
 logger = logging.getLogger("tandem.router")
@@ -75,6 +75,7 @@ class RequestOutputs:
         self._prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # the first attempt's, until handed out
         self._prompt_logprobs_taken = False
         self.delivered: list[int] = []  # every token id handed out, in order
+        self.prompt_phases: PhaseTimes | None = None  # the current attempt's prefill worker's (router.phases)
         self.last_activity = time.monotonic()  # when a delta last arrived (the watchdog reads it)
         # Called (on the consumer's task) with a `resumable` final delta instead of ending the stream:
         # its worker gave the request up, and the dispatcher moves it to another.
@@ -97,6 +98,7 @@ class RequestOutputs:
         self._attempt += 1
         self._tokens.clear()
         self._final = None
+        self.prompt_phases = None
         self._offset = self._next
         self.last_activity = time.monotonic()
         return self._next
@@ -126,6 +128,8 @@ class RequestOutputs:
         if item.prompt_logprobs and not self._offset and not self._prompt_logprobs:
             # Only a prompt no output was added to scores the request's own prompt; the first to arrive is kept.
             self._prompt_logprobs = item.prompt_logprobs
+        if item.phases is not None and not item.finished:  # the prefill worker's, with the first token
+            self.prompt_phases = item.phases
         if item.num_prompt_tokens:  # prefill's first-token delta counts nothing
             self._num_cached = self._as_whole_request(item).num_cached_tokens
         if item.finished and item.resumable and self.on_given_up is not None:

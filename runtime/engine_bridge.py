@@ -6,9 +6,10 @@ import dataclasses
 import os
 
 from engine.config import EngineConfig
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 from wire.kv import KVSpec
-from wire.requests import SamplingSpec, TokenLogprob
+from wire.requests import PhaseTimes, SamplingSpec, TokenLogprob
 
 
 def sampling_params(spec: SamplingSpec) -> SamplingParams:
@@ -56,3 +57,25 @@ def prompt_token_logprobs(entries: list | None) -> tuple[TokenLogprob | None, ..
     if not entries:
         return ()
     return tuple(TokenLogprob(e.logprob, e.top, e.rank) if e is not None else None for e in entries)
+
+
+def _span(start: float | None, end: float | None) -> float:
+    return max(0.0, end - start) if start is not None and end is not None else 0.0
+
+
+def prompt_phases(req: Request) -> PhaseTimes:
+    """Queue and prefill of a prompt this engine computed (`PhaseTimes`), from its request's times."""
+    return PhaseTimes(queue_s=_span(req.arrival_time, req.first_scheduled_at),
+                      prefill_s=_span(req.first_scheduled_at, req.first_token_at))  # fmt: skip
+
+
+def decode_phases(req: Request, first_token_seen: float | None, kv_landed: float | None,
+                  admitted: float | None) -> PhaseTimes:  # fmt: skip
+    """A decode worker's phases of a request: its prompt's handoff (when prefilled elsewhere: `admitted` is set)
+    or its own prefill, then the first decode step. Times on the engine's clock."""
+    if admitted is None:  # prefilled here
+        local = prompt_phases(req)
+        return PhaseTimes(local.queue_s, local.prefill_s, first_decode_s=_span(req.first_token_at, req.second_token_at))
+    ready = max((t for t in (first_token_seen, kv_landed) if t is not None), default=admitted)
+    return PhaseTimes(kv_transfer_s=_span(first_token_seen, kv_landed), decode_seat_s=_span(ready, admitted),
+                      first_decode_s=_span(admitted, req.second_token_at))  # fmt: skip

@@ -113,10 +113,11 @@ def run_load(client: str, url: str, tokenizer: str, load: Load, out: Path, seed:
 
 
 @contextlib.contextmanager
-def tandem_serve(model: str | None, log_path: Path, start_timeout_s: float = 900.0):
-    """`tandem serve` exactly as the README starts it (plus a free port, and --model when given)."""
+def tandem_serve(model: str | None, log_path: Path, start_timeout_s: float = 900.0, flags: tuple[str, ...] = ()):
+    """`tandem serve` exactly as the README starts it (plus a free port, --model when given and `flags`)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "cluster.cli", "serve", "--port", str(port), *(["--model", model] if model else [])]
+    cmd = [sys.executable, "-m", "cluster.cli", "serve", "--port", str(port), *(["--model", model] if model else []),
+           *flags]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -104,6 +104,24 @@ class TokenLogprob:
 
 
 @message
+class PhaseTimes:
+    """Seconds one worker measured of one request's phases, on its own clock; phases it did not see are 0.
+
+    Prefill (with the first token): `queue_s` from the task's arrival to the first step that computed any
+    of the prompt, `prefill_s` from there to the end of the step that sampled the first token. Decode (with
+    the final delta): `kv_transfer_s` from the first token's arrival to the KV's (0 when the KV came first),
+    `decode_seat_s` from both being in to the request's admission into the running batch, `first_decode_s`
+    from there to the end of the step that made its second token; a prompt decode prefilled itself also
+    gets `queue_s` and `prefill_s` (measured from its reserve), and `first_decode_s` from its first token."""
+
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    kv_transfer_s: float = 0.0
+    decode_seat_s: float = 0.0
+    first_decode_s: float = 0.0
+
+
+@message
 class TokenDelta:
     """New output tokens of one request; the last one has `finished` and the usage counts."""
 
@@ -122,6 +140,7 @@ class TokenDelta:
     # With the first output token, when the request asked for prompt logprobs: one per prompt token, the
     # first None (nothing precedes it to score it).
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
+    phases: PhaseTimes | None = None  # the prefill worker's with the first token, decode's with the final delta
 
 
 @message

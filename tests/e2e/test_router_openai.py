@@ -305,3 +305,27 @@ def test_fields_not_honoured_yet_are_refused_naming_them_never_ignored(served):
     out = served.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, tool_choice="none",
                                                 response_format={"type": "text"}, tools=[])  # fmt: skip
     assert out.choices[0].finish_reason == "length"
+
+def test_each_choice_says_where_its_time_went_and_the_phases_add_up(served):
+    """Queue, prefill (the prefill worker's), KV transfer, decode seat, first decode step (decode's), decode:
+    in the response and in /metrics, adding up to the request's end-to-end time."""
+    import json
+    import time
+
+    body = {"model": MODEL, "prompt": "Paris is the capital of", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    started = time.monotonic()
+    reply = httpx.post(f"{served.server.url}/v1/completions", json=body, timeout=60).json()
+    wall = time.monotonic() - started
+    (phases,) = reply["phases"]
+    assert set(phases) == {"queue_s", "prefill_s", "kv_transfer_s", "decode_seat_s", "first_decode_s", "decode_s"}
+    assert all(v >= 0 for v in phases.values())
+    assert phases["prefill_s"] > 0 and phases["first_decode_s"] > 0 and phases["decode_s"] > 0
+    assert 0 < sum(phases.values()) <= wall
+    streamed = httpx.post(f"{served.server.url}/v1/completions", timeout=60,
+                          json={**body, "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    chunks = [json.loads(line[len("data: "):]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert chunks[-1]["phases"][0].keys() == phases.keys()  # with the usage, at the end of a stream
+    metrics = httpx.get(f"{served.server.url}/metrics").text
+    for name in ("queue", "prefill", "kv_transfer", "decode_seat", "first_decode", "decode"):
+        assert f"tandem:request_{name}_time_seconds_count" in metrics, name
+    assert "tandem:request_phase_accounting_errors_total 0.0" in metrics

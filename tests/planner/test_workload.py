@@ -8,7 +8,7 @@ import math
 import pytest
 
 from planner.trace import read_trace
-from planner.workload import WorkloadSpec, arrival_times
+from planner.workload import WorkloadSpec, vllm_arrival_times
 
 
 def test_random_lengths_stay_in_vllms_range():
@@ -28,12 +28,12 @@ def test_prefix_repetition_groups_share_their_prefix():
     assert len(set(prefixes)) == 3 and all(prefixes.count(p) == 4 for p in set(prefixes))
 
 
-def test_arrivals_are_poisson_on_average_and_seeded():
-    import numpy as np
-
-    times = arrival_times(np.random.default_rng(0), 4000, 2.0)
-    assert times[0] == 0 and all(b >= a for a, b in zip(times, times[1:]))
-    assert times[-1] / len(times) == pytest.approx(0.5, rel=0.05)
+def test_arrivals_are_vllms_poisson_draws_scaled_to_the_rate():
+    times = vllm_arrival_times(0, 4000, 2.0)
+    assert 0 < times[0] < times[1] and all(b >= a for a, b in zip(times, times[1:]))
+    assert times[-1] == pytest.approx(2000.0)  # vLLM scales the sum so the last goes at num / rate
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.5 * math.log(2), rel=0.1)  # an exponential's median
     spec = WorkloadSpec(num_prompts=5, request_rate=3.0, burstiness=0.5, seed=7)
     assert spec.requests() == spec.requests()
 

@@ -101,6 +101,7 @@ class _Generation:
 
     def __init__(self, chunks: list[OutputChunk]):
         self._chunks, self.finished, self.closed = chunks, False, 0
+        self.prompt_phases = None  # decode prefilled it
 
     async def chunks(self):
         for chunk in self._chunks:

@@ -1,0 +1,173 @@
+"""Is the performance model right? Real layouts under `vllm bench serve` against `tandem simulate`'s prediction
+of the same argument string.
+
+For each layout (flags of `tandem serve`) the script starts the real deployment (`tandem serve`, embedded
+local Ray, one at a time), drives it with vLLM's own load generator on each workload (vLLM's flags; a seed
+of its own per workload, so no run finds another's prompts in the prefix cache), then runs
+`tandem simulate` with the same layout and workload flags on the profiles of this machine, measured at
+the script's start (`tandem profile --refresh`), and compares the keys both write:
+
+    TTFT p50 / p90, TPOT p50 / p90, output throughput: predicted, measured, error = predicted / measured - 1
+
+Layouts: the default (one colocated worker on every core), 1 prefill + 1 decode worker on a core each,
+and two colocated workers on a core each. Workloads: a burst, Poisson arrivals of long prompts, shared
+prefixes, long outputs.
+
+    python scripts/bench_plan.py --markdown BENCHMARKS.md
+    python scripts/bench_plan.py --layouts default --workloads burst --scale 0.5     # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_loads import SERVED_NAME, VLLM_BENCH, chosen_layout, tandem_serve  # noqa: E402
+from bench_report import add_markdown_option, machine_line, record_run, run_text  # noqa: E402
+
+LAYOUTS = {
+    "default": (),
+    "1P+1D": ("--num-prefill", "1", "--num-decode", "1", "--torch-threads", "1"),
+    "2 colocated x1": ("--num-prefill", "0", "--num-decode", "2", "--torch-threads", "1"),
+}
+METRICS = (("median_ttft_ms", "TTFT p50"), ("p90_ttft_ms", "TTFT p90"), ("median_tpot_ms", "TPOT p50"),
+           ("p90_tpot_ms", "TPOT p90"), ("output_throughput", "out tok/s"))  # fmt: skip
+COMMON = ("--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    flags: tuple[str, ...]  # vllm bench serve's own, the same for `tandem simulate`
+
+
+def workloads(scale: float = 1.0) -> list[Workload]:
+    def n(count: int) -> str:
+        return str(max(4, round(count * scale)))
+
+    return [
+        Workload("burst", f"{n(24)} prompts of 200 tokens at once, 48 out",
+                 ("--dataset-name", "random", "--random-input-len", "200", "--random-output-len", "48",
+                  "--num-prompts", n(24))),
+        Workload("poisson-long", f"{n(16)} prompts of 1,536 tokens, Poisson 0.4/s, 200 out",
+                 ("--dataset-name", "random", "--random-input-len", "1536", "--random-output-len", "200",
+                  "--request-rate", "0.4", "--num-prompts", n(16))),
+        Workload("prefixes", f"{n(40)} prompts sharing 8 prefixes of 768 tokens (+48 each), 1.2/s, 64 out",
+                 ("--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "768",
+                  "--prefix-repetition-suffix-len", "48", "--prefix-repetition-num-prefixes", "8",
+                  "--prefix-repetition-output-len", "64", "--request-rate", "1.2", "--num-prompts", n(40))),
+        Workload("long-outputs", f"{n(8)} prompts of 128 tokens, Poisson 0.5/s, 512 out",
+                 ("--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "512",
+                  "--request-rate", "0.5", "--num-prompts", n(8))),
+    ]  # fmt: skip
+
+
+def measured(url: str, tokenizer: str, workload: Workload, seed: int, out: Path) -> dict:
+    cmd = [str(VLLM_BENCH), "--backend", "openai", "--endpoint", "/v1/completions", "--model", SERVED_NAME,
+           "--base-url", url, "--tokenizer", tokenizer, *workload.flags, *COMMON, "--seed", str(seed),
+           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"vllm bench serve failed on {workload.name}: {done.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def predicted(layout: tuple[str, ...], workload: Workload, seed: int, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "cluster.cli", "simulate", *layout, *workload.flags, *COMMON, "--seed", str(seed),
+           "--result-json", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"tandem simulate failed on {workload.name}: {done.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def error(pred: float, real: float) -> float:
+    return pred / real - 1 if real else float("nan")
+
+
+def table(rows: list[dict]) -> str:
+    head = "| layout | workload | " + " | ".join(f"{label} pred / real (err)" for _, label in METRICS) + " |"
+    lines = [head, "|---|---|" + "---|" * len(METRICS)]
+    for r in rows:
+        cells = [f"{r['pred'][k]:.{1 if k == 'output_throughput' else 0}f} / {r['real'][k]:.{1 if k == 'output_throughput' else 0}f} "
+                 f"({error(r['pred'][k], r['real'][k]):+.0%})" for k, _ in METRICS]  # fmt: skip
+        lines.append(f"| {r['layout']} | {r['workload']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> str:
+    lines = ["| metric | median abs error | worst | runs within 10% / 25% |", "|---|---|---|---|"]
+    for key, label in METRICS:
+        errors = [abs(error(r["pred"][key], r["real"][key])) for r in rows]
+        within = f"{sum(e <= 0.10 for e in errors)} / {sum(e <= 0.25 for e in errors)} of {len(errors)}"
+        lines.append(f"| {label} | {statistics.median(errors):.0%} | {max(errors):.0%} | {within} |")
+    return "\n".join(lines)
+
+
+def reprofile(threads: list[int]) -> None:
+    for t in threads:
+        subprocess.run([sys.executable, "-m", "cluster.cli", "profile", "--refresh", "--torch-threads", str(t)],
+                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layouts", default=",".join(LAYOUTS), help=f"some of: {', '.join(LAYOUTS)}")
+    p.add_argument("--workloads", default=",".join(w.name for w in workloads()))
+    p.add_argument("--scale", type=float, default=1.0, help="prompts per workload, times this")
+    p.add_argument("--no-reprofile", action="store_true", help="use the cached profiles as they are")
+    add_markdown_option(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from engine.model_source import resolve_model
+
+    tokenizer = str(resolve_model(None))
+    chosen = [w for w in workloads(args.scale) if w.name in args.workloads.split(",")]
+    layouts = {name: LAYOUTS[name] for name in args.layouts.split(",")}
+    if not args.no_reprofile:
+        reprofile(sorted({int(f[f.index("--torch-threads") + 1]) if "--torch-threads" in f else os.cpu_count()
+                          for f in layouts.values()}))  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="bench-plan-"))
+    rows, chosen_default = [], ""
+    for name, flags in layouts.items():
+        log = work / f"serve-{len(rows)}.log"
+        with tandem_serve(None, log, flags=flags) as url:
+            for seed, workload in enumerate(chosen, start=101):
+                real = measured(url, tokenizer, workload, seed, work / f"real-{name}-{workload.name}.json".replace(" ", "_"))
+                rows.append({"layout": name, "workload": workload.name, "real": real, "seed": seed})
+                print(f"measured {name} / {workload.name}: {real['completed']} completed", flush=True)
+        chosen_default = chosen_layout(log) if name == "default" else chosen_default
+    for r in rows:
+        out = work / f"pred-{r['layout']}-{r['workload']}.json".replace(" ", "_")
+        r["pred"] = predicted(layouts[r["layout"]], next(w for w in chosen if w.name == r["workload"]), r["seed"], out)
+    text = table(rows) + "\n\n" + summary(rows)
+    print(text)
+    print(f"results: {work}")
+    if args.markdown:
+        details = ("Layouts: " + "; ".join(f"`{n}`: `tandem serve {' '.join(f)}`".replace(" `", " `", 1)
+                                           for n, f in layouts.items())
+                   + (f" (the default here: {chosen_default})" if chosen_default else "") + ". Workloads (`vllm bench "
+                   "serve` flags, with `--ignore-eos`; the same flags to `tandem simulate`):\n"
+                   + "\n".join(f"- `{w.name}`: {w.description}: `{' '.join(w.flags)}`" for w in chosen)
+                   + "\n\nerror = predicted / measured - 1; the target: median |error| <= 10% on every metric, none "
+                   "worse than 25%.")  # fmt: skip
+        record = run_text("bench_plan.py", sys.argv[1:], machine_line(), details, text)
+        record_run(args.markdown, "bench_plan.py", record)
+
+
+if __name__ == "__main__":
+    main()
