@@ -36,6 +36,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="with --device: GPUs per worker")
     p.add_argument("--price", type=float, help="with --device: price of one device-hour (a plan's goodput per dollar)")
     p.add_argument("--refresh", action="store_true", help="measure again even if a cached profile matches")
+    p.add_argument("--serving", action="store_true",
+                   help="then measure what serving adds (a real tandem serve of this worker kind; ~2 min) and cache it")
     p.add_argument("--output", "-o", help="also write the profile to this JSON file")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
 
@@ -118,9 +120,23 @@ def run_profile(args: argparse.Namespace) -> None:
         limits = EngineLimits(max_num_batched_tokens=args.max_num_batched_tokens)
         profile = local_profile(LocalWorker(args.model, args.dtype, args.torch_threads, limits), args.refresh,
                                 on_progress=_progress)  # fmt: skip
+        if args.serving:
+            profile = calibrated(profile, args.model)
     if args.output:
         profile.save(args.output)
     print(json.dumps(profile.to_dict(), indent=1) if args.json else describe_profile(profile))
+
+
+def calibrated(profile, model: str | None):
+    """`profile` with its serving costs measured on this machine (`cluster.serving_calibration`), cached."""
+    from cluster.layout import Machines
+    from cluster.serving_calibration import calibrate
+    from planner.local_profile import store
+
+    replicas = max(1, int(Machines.this_machine().local_cpus) // profile.torch_threads)
+    profile = calibrate(profile, model, replicas, on_progress=_progress)
+    store(profile)
+    return profile
 
 
 def published(device: str, model: str | None, tp_size: int, price: float | None):
@@ -145,6 +161,7 @@ def describe_profile(profile) -> str:
     lines += [f"  {name:30s} {value:.4g}" for name, value in profile.step.to_dict().items()]
     lines.append(f"KV transfer: {profile.transfer.latency_s * 1e3:.2f} ms + {profile.transfer.bytes_per_s / 1e9:.2f} GB/s")
     lines.append(f"KV capacity per worker: {profile.kv_cache_tokens} tokens ({profile.kv_bytes_per_token} B/token)")
+    lines.append("serving: " + ", ".join(f"{k} {v:.4g}" for k, v in profile.serving.to_dict().items()))
     if profile.fit:
         f = profile.fit
         lines.append(f"fit over {f.points} measured steps: |error| median {f.median_abs_error:.1%}, p90 "

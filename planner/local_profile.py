@@ -83,7 +83,7 @@ def local_profile(worker: LocalWorker, refresh: bool = False, grid: ProfileGrid 
 
     model_dir = str(resolve_model(worker.model))
     key = profile_key(worker, model_dir)
-    path = _cache_dir() / f"{hashlib.blake2b(chr(10).join(key).encode(), digest_size=10).hexdigest()}.json"
+    path = cache_path(key)
     if not refresh and path.is_file():
         try:
             cached = Profile.load(path)
@@ -99,6 +99,18 @@ def local_profile(worker: LocalWorker, refresh: bool = False, grid: ProfileGrid 
     except OSError as err:
         logger.warning("cannot cache the profile at %s: %s", path, err)
     return profile
+
+
+def cache_path(key: tuple[str, ...]) -> Path:
+    return _cache_dir() / f"{hashlib.blake2b(chr(10).join(key).encode(), digest_size=10).hexdigest()}.json"
+
+
+def store(profile: Profile) -> Path:
+    """Cache `profile` (a measured one, its serving costs calibrated since) under its own key."""
+    path = cache_path(profile.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    return path
 
 
 def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = (), grid: ProfileGrid = ProfileGrid(),

@@ -70,10 +70,12 @@ async def _chunks(running: RunningRequest, rid: str, created: int, model: Served
                                     "logprobs": None, "finish_reason": None}]}  # fmt: skip
     deltas = {choice.index: ToolDeltas(tools) for choice in running.choices}
     async for update in running.updates():
-        if not (update.text or update.final or (logprobs and update.token_ids)):
+        if not (update.text or update.token_ids or update.final):
             continue
         delta, finish = deltas[update.index].delta(update.text, update.final, update.finish_reason)
-        choice = {"index": update.index, "delta": delta, "finish_reason": finish,
+        if delta is None and not (logprobs and update.token_ids):
+            continue  # tool calls held until the choice ends
+        choice = {"index": update.index, "delta": delta or {}, "finish_reason": finish,
                   "logprobs": _logprobs(model, update.token_ids, update.logprobs) if logprobs else None}  # fmt: skip
         yield {**base, "choices": [choice]}
     if include_usage:
@@ -87,15 +89,17 @@ class ToolDeltas:
     def __init__(self, tools: ToolUse | None):
         self.tools, self.held, self.call_id = tools, "", None
 
-    def delta(self, text: str, final: bool, finish_reason: str | None) -> tuple[dict, str | None]:
+    def delta(self, text: str, final: bool, finish_reason: str | None) -> tuple[dict | None, str | None]:
+        """The choice's delta for this update and its finish reason; None: nothing to send yet."""
         tools = self.tools
         if tools is None or tools.mode == "none":
-            return ({"content": text} if text else {}), finish_reason
+            # Every token is a chunk, its text possibly not out yet (as vLLM's server streams it).
+            return {"content": text}, finish_reason
         if tools.mode == "named":
             return self._arguments(text), finish_reason
         self.held += text
         if not final:
-            return {}, None
+            return None, None
         done = _message_and_finish(self.held, finish_reason, tools)
         message = done["message"]
         if "tool_calls" not in message:

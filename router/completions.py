@@ -79,9 +79,11 @@ async def _chunks(running: RunningRequest, rid: str, created: int, model: Served
     base = {"id": rid, "object": "text_completion", "created": created, "model": model.name}
     logprobs = echo.body.logprobs is not None
     async for update in running.updates():
-        if not (update.text or update.final or (logprobs and update.token_ids) or echo.pending(update.index)
+        # A chunk for every token made, even one whose text is not out yet (the start of a character, a possible
+        # stop string): vLLM's server sends those too, and its clients time the first token and every gap by them.
+        if not (update.text or update.token_ids or update.final or echo.pending(update.index)
                 or update.prompt_logprobs):  # fmt: skip
-            continue  # text held back (a possible stop string): nothing to show yet
+            continue
         parts = echo.choice(update.index, update.text, update.token_ids, update.logprobs, update.prompt_logprobs)
         yield {**base, "choices": [{"index": update.index, **parts, "finish_reason": update.finish_reason}]}
     if include_usage:

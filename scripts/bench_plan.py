@@ -5,7 +5,8 @@ For each layout (flags of `tandem serve`) the script starts the real deployment 
 local Ray, one at a time), drives it with vLLM's own load generator on each workload (vLLM's flags; a seed
 of its own per workload, so no run finds another's prompts in the prefix cache), then runs
 `tandem simulate` with the same layout and workload flags on the profiles of this machine, measured at
-the script's start (`tandem profile --refresh`), and compares the keys both write:
+the script's start with serving's costs (`tandem profile --refresh --serving`), and compares the keys
+both write:
 
     TTFT p50 / p90, TPOT p50 / p90, output throughput: predicted, measured, error = predicted / measured - 1
 
@@ -116,9 +117,10 @@ def summary(rows: list[dict]) -> str:
 
 
 def reprofile(threads: list[int]) -> None:
+    """This machine's profiles measured again now, serving's costs with them (`tandem profile --serving`)."""
     for t in threads:
-        subprocess.run([sys.executable, "-m", "cluster.cli", "profile", "--refresh", "--torch-threads", str(t)],
-                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+        subprocess.run([sys.executable, "-m", "cluster.cli", "profile", "--refresh", "--serving", "--torch-threads",
+                        str(t)], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -44,7 +44,7 @@ class PricedRunner:
         return PricedBatch(shape_of(scheduled), sum(1 for s in scheduled if s.samples))
 
     def execute(self, batch: PricedBatch, attachment: bytes = b"", layer_done=None) -> SamplerOutput:
-        seconds = self.profile.step_seconds(batch.shape)
+        seconds = self.profile.step_seconds(batch.shape) * self.profile.serving.step_factor
         self.clock.now += seconds
         self.steps += 1
         self.busy_s += seconds

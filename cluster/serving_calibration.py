@@ -1,0 +1,162 @@
+"""What serving adds around the engine's steps on this machine, measured on a real `tandem serve`.
+
+    profile = calibrate(profile, worker)      # the same profile, its `ServingCost` measured
+
+A deployment of the profile's worker kind fills the host (colocated workers of its threads, as many as the
+cores take), started on an embedded Ray, and a client of our own (token-id prompts, the response's phases)
+drives it twice:
+
+  idle      one request at a time: the router's and the hops' share of the time to first token is what is
+            left of it after the prefill the worker measured and the arrival window (`request_s`);
+  loaded    Poisson arrivals at about half the pool's capacity: its mean TPOT against the simulator's on the
+            same requests gives `step_factor`, the served step over the profiled one (one correction, then
+            a second from the corrected simulation).
+
+About a minute and a half on 2 cores, besides the deployment's start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Callable
+
+from costmodel import Profile, ServingCost, StepShape
+from planner.workload import SimRequest, WorkloadSpec
+
+IDLE_REQUESTS, IDLE_PROMPT, IDLE_OUTPUT = 5, 256, 32
+LOAD = dict(num_prompts=24, random_input_len=384, random_output_len=96, seed=5, ignore_eos=True)
+
+
+@dataclass
+class Outcome:
+    """One request as our client saw it (`planner.bench_metrics.RequestOutput`'s fields), with its phases."""
+
+    prompt_len: int
+    start_time: float = 0.0
+    success: bool = False
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    phases: dict = field(default_factory=dict)
+
+
+def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None] = print) -> Profile:
+    """`profile` with the serving costs measured on `replicas` colocated workers of its kind (see the module doc)."""
+    import ray
+
+    from cluster.deployment import Deployment, connect_ray
+    from cluster.spec import parse_spec
+
+    spec = parse_spec({"model": model, "router": {"port": 0}, "prefill": {"replicas": 0},
+                       "decode": {"replicas": replicas, "torch_threads": profile.torch_threads}})  # fmt: skip
+    on_progress(f"serving calibration: starting {replicas} colocated worker(s) of {profile.torch_threads} thread(s)")
+    connect_ray(None)
+    deployment = Deployment(spec)
+    try:
+        deployment.start()
+        server = (f"{deployment.url}/v1/completions", deployment.config.model_name)
+        on_progress("serving calibration: one request at a time")
+        idle = [_one(server, _prompt(IDLE_PROMPT, seed=i), IDLE_OUTPUT) for i in range(IDLE_REQUESTS)]
+        requests = _load(profile, replicas)
+        on_progress(f"serving calibration: {len(requests)} requests at {len(requests) / requests[-1].arrival_s:.2f}/s")
+        loaded = _drive(server, requests)
+    finally:
+        deployment.stop()
+        ray.shutdown()
+    return _fitted(profile, replicas, idle, requests, loaded)
+
+
+def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list[SimRequest],
+            loaded: list[Outcome]) -> Profile:  # fmt: skip
+    from runtime.arrival_window import ArrivalWindowConfig
+
+    serving = profile.serving
+    ttft = statistics.median(o.ttft for o in idle)
+    prefill = statistics.median(o.phases.get("prefill_s", 0.0) for o in idle)
+    request_s = max(0.0, ttft - prefill - ArrivalWindowConfig().quiet_s - 2 * serving.message_s)
+    serving = dataclasses.replace(serving, request_s=request_s, step_factor=1.0)
+    real_tpot = _mean_tpot(loaded)
+    for _ in range(2):  # the simulated TPOT is not quite proportional to the factor: correct twice
+        predicted = _simulated_tpot(dataclasses.replace(profile, serving=serving), replicas, requests)
+        serving = dataclasses.replace(serving, step_factor=serving.step_factor * real_tpot / predicted)
+    note = (f"serving calibrated on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
+            f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), step_factor {serving.step_factor:.3f} (served "
+            f"TPOT {real_tpot * 1e3:.1f} ms under load)")  # fmt: skip
+    return dataclasses.replace(profile, serving=serving, notes=(*profile.notes, note))
+
+
+def _simulated_tpot(profile: Profile, replicas: int, requests: list[SimRequest]) -> float:
+    from planner.layout import Layout, PoolLayout
+    from planner.sim.run import simulate
+
+    result = simulate(Layout(PoolLayout(0, None), PoolLayout(replicas, profile)), requests)
+    return _mean_tpot(result.requests)
+
+
+def _mean_tpot(outcomes) -> float:
+    tpots = [(o.latency - o.ttft) / len(o.itl) for o in outcomes if o.success and o.itl]
+    if not tpots:
+        raise RuntimeError("serving calibration: no request of the load completed")
+    return statistics.mean(tpots)
+
+
+def _load(profile: Profile, replicas: int) -> list[SimRequest]:
+    """The loaded phase's requests, at about half the pool's capacity as the profile prices it."""
+    prompt, output = LOAD["random_input_len"], LOAD["random_output_len"]
+    per_request = profile.step_seconds(StepShape.prefill(prompt)) + output * profile.step_seconds(
+        StepShape.decode(4, prompt + output // 2)) / 4  # fmt: skip
+    rate = 0.5 * replicas / per_request
+    return WorkloadSpec(request_rate=rate, **LOAD).requests(profile.model.vocab_size)
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(1000 + seed)
+    return [rng.randrange(1000, 30000) for _ in range(n)]
+
+
+def _drive(server: tuple[str, str], requests: list[SimRequest]) -> list[Outcome]:
+    """Each request sent at its arrival time (a thread each), streamed; their outcomes in order."""
+    outcomes: list[Outcome | None] = [None] * len(requests)
+    start = time.monotonic()
+
+    def send(i: int, request: SimRequest) -> None:
+        time.sleep(max(0.0, start + request.arrival_s - time.monotonic()))
+        outcomes[i] = _one(server, list(request.prompt), request.output_len)
+
+    threads = [threading.Thread(target=send, args=(i, r), daemon=True) for i, r in enumerate(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    return [o for o in outcomes if o is not None]
+
+
+def _one(server: tuple[str, str], prompt: list[int], max_tokens: int) -> Outcome:
+    """One streamed completion of `prompt` from `server` (its URL, the model name it serves)."""
+    url, model = server
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    outcome = Outcome(len(prompt), start_time=time.monotonic())
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    times = []
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for line in response:
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[len(b"data: "):])
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                times.append(time.monotonic())
+            if chunk.get("phases"):
+                outcome.phases = chunk["phases"][0]
+    if times:
+        outcome.success, outcome.ttft = True, times[0] - outcome.start_time
+        outcome.latency, outcome.itl = times[-1] - outcome.start_time, [b - a for a, b in zip(times, times[1:])]
+    return outcome
