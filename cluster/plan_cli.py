@@ -327,7 +327,7 @@ def recommend(plan, kinds, args: argparse.Namespace) -> None:
 
 def plot_plan(plan, kinds, args: argparse.Namespace, slo) -> None:
     from planner.plan_report import goodput_curves, plot
-    from planner.workload import vllm_arrival_times
+    from planner.workload import SimRequest, vllm_arrival_times
 
     requests, _ = workload_of(args, kinds[0].profile.model.vocab_size)
     base = args.request_rate if math.isfinite(args.request_rate) else 1.0
@@ -336,7 +336,7 @@ def plot_plan(plan, kinds, args: argparse.Namespace, slo) -> None:
 
     def requests_at(rate: float):
         times = vllm_arrival_times(args.seed, len(requests), rate, args.burstiness)
-        return [type(r)(t, r.prompt, r.output_len) for r, t in zip(sorted(requests, key=lambda r: r.arrival_s), times)]
+        return [SimRequest(t, r.prompt, r.output_len) for r, t in zip(sorted(requests, key=lambda r: r.arrival_s), times)]
 
     best_of = {}
     for e in plan.evaluations:  # the best colocated and disaggregated layouts, and the recommended one

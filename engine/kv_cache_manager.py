@@ -70,18 +70,23 @@ class KVCacheManager:
         return True
 
     def cache_computed_blocks(self, request: Request) -> None:
-        """Record hashes of the request's blocks that are now full and computed."""
+        """Record hashes of the request's blocks that are now full and computed (only those not offered before:
+        going over every block at each step made a long context's decode step quadratic in its length)."""
         if not self.enable_prefix_caching:
             return
-        self._extend_hashes(request)
         num_full = min(request.num_computed_tokens // self.block_size, len(request.blocks))
-        for block, block_hash in zip(request.blocks[:num_full], request.block_hashes[:num_full]):
-            self.pool.cache_block(block, block_hash)
+        if num_full <= request.num_offered_blocks:
+            return
+        self._extend_hashes(request)
+        for i in range(request.num_offered_blocks, num_full):
+            self.pool.cache_block(request.blocks[i], request.block_hashes[i])
+        request.num_offered_blocks = num_full
 
     def free(self, request: Request) -> None:
         """Return the request's blocks, tail first, so the prefix's head stays cached longest."""
         self.pool.free(list(reversed(request.blocks)))
         request.blocks = []
+        request.num_offered_blocks = 0
 
     def _extend_hashes(self, request: Request) -> None:
         known = len(request.block_hashes)

@@ -47,6 +47,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
     num_preemptions: int = 0
     blocks: list[KVBlock] = field(default_factory=list)
+    num_offered_blocks: int = 0  # leading `blocks` already offered to the prefix cache (KVCacheManager)
     block_hashes: list[BlockHash] = field(default_factory=list)  # chain hashes of full token blocks
     stop_reason: int | str | None = None
     # Prefill role: finishing leaves `blocks` held for a KV transfer; the caller frees them (engine.remote_kv).

@@ -10,18 +10,35 @@ those tokens, so the simulated prefix caches see the reuse the trace recorded. A
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import numpy as np
 
-from planner.workload import SimRequest
-
 MOONCAKE_BLOCK_TOKENS = 512
 
 
+class TraceRequest:
+    """A trace's request: its prompt is made from its hash ids when asked for (a simulation asks at its arrival),
+    so an hour of a trace need not hold every prompt at once."""
+
+    __slots__ = ("arrival_s", "output_len", "_hash_ids", "_length", "_blocks")
+
+    def __init__(self, arrival_s: float, hash_ids: tuple[int, ...], length: int, output_len: int, blocks: "_Blocks"):
+        self.arrival_s, self.output_len = arrival_s, output_len
+        self._hash_ids, self._length, self._blocks = hash_ids, length, blocks
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self._blocks.prompt(self._hash_ids, self._length)
+
+    def shifted(self, start: float) -> "TraceRequest":
+        return TraceRequest(self.arrival_s - start, self._hash_ids, self._length, self.output_len, self._blocks)
+
+
 def read_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS, vocab_size: int = 32000,
-               seed: int = 0) -> list[SimRequest]:  # fmt: skip
+               seed: int = 0) -> list[TraceRequest]:  # fmt: skip
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as err:
@@ -31,11 +48,10 @@ def read_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS, voca
     if not requests:
         raise ValueError(f"trace {path} has no request")
     start = min(r.arrival_s for r in requests)
-    return sorted((SimRequest(r.arrival_s - start, r.prompt, r.output_len) for r in requests),
-                  key=lambda r: r.arrival_s)  # fmt: skip
+    return sorted((r.shifted(start) for r in requests), key=lambda r: r.arrival_s)
 
 
-def _request(line: str, where: str, blocks: "_Blocks") -> SimRequest:
+def _request(line: str, where: str, blocks: "_Blocks") -> TraceRequest:
     try:
         entry = json.loads(line)
     except json.JSONDecodeError as err:
@@ -48,7 +64,7 @@ def _request(line: str, where: str, blocks: "_Blocks") -> SimRequest:
     hash_ids = entry.get("hash_ids", [])
     if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hash_ids):
         raise ValueError(f"{where}: hash_ids must be a list of integers")
-    return SimRequest(timestamp / 1000.0, blocks.prompt(hash_ids, input_length), output_length)
+    return TraceRequest(timestamp / 1000.0, tuple(hash_ids), input_length, output_length, blocks)
 
 
 def _number(entry: dict, name: str, where: str, minimum: float, whole: bool = False) -> float:
@@ -67,9 +83,11 @@ class _Blocks:
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         self.block_tokens, self.vocab_size, self.seed = block_tokens, vocab_size, seed
-        self.fresh = np.random.default_rng([seed, 1 << 40])
+        self._block = functools.lru_cache(maxsize=4096)(self._make_block)  # shared prefixes come back often
 
-    def prompt(self, hash_ids: list[int], length: int) -> tuple[int, ...]:
+    def prompt(self, hash_ids: tuple[int, ...], length: int) -> tuple[int, ...]:
+        """The same hash ids give the same tokens; past its ids a prompt gets tokens no other prompt has (drawn
+        from a generator seeded by its ids, so asking twice gives the same prompt)."""
         tokens: list[int] = []
         for h in hash_ids:
             if len(tokens) >= length:
@@ -77,13 +95,14 @@ class _Blocks:
             tokens += self._block(h)
         missing = length - len(tokens)
         if missing > 0:
-            tokens += self.fresh.integers(self._low, self.vocab_size, missing).tolist()
+            rng = np.random.default_rng([self.seed, 1 << 40, length, *map(abs, hash_ids[:4])])
+            tokens += rng.integers(self._low, self.vocab_size, missing).tolist()
         return tuple(tokens[:length])
 
     @property
     def _low(self) -> int:
         return min(100, self.vocab_size // 4)
 
-    def _block(self, hash_id: int) -> list[int]:
+    def _make_block(self, hash_id: int) -> list[int]:
         rng = np.random.default_rng([self.seed, abs(hash_id), hash_id < 0])
         return rng.integers(self._low, self.vocab_size, self.block_tokens).tolist()

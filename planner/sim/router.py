@@ -35,22 +35,26 @@ from router.worker_state import WorkerState
 class ClientRequest:
     """One request as the client sees it: `vllm bench serve`'s per-request outcome (`bench_metrics.RequestOutput`)."""
 
-    prompt: tuple[int, ...]
+    prompt: tuple[int, ...]  # dropped once the request ends (a long trace's prompts need not all be held)
     output_len: int
     arrival_s: float
+    prompt_len: int = 0
     start_time: float = 0.0  # sent
     success: bool = False
     ttft: float = 0.0
     latency: float = 0.0
-    itl: list[float] = field(default_factory=list)
     output_tokens: int = 0
     error: str = ""
-    token_times: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # when the client saw each token
     on_end: object = None  # the client's callback
 
+    def __post_init__(self):
+        self.prompt_len = len(self.prompt)
+
     @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
+    def itl(self) -> list[float]:
+        times = self.token_times
+        return [b - a for a, b in zip(times, times[1:])]
 
 
 @dataclass
@@ -145,6 +149,11 @@ class SimRouter:
         self.events.after(self.serving.message_s, self.workers[d.prefill.name].post, task)
 
     # ---- tokens out -------------------------------------------------------------------
+    def deltas(self, deltas: list[tuple[str, int, bool]]) -> None:
+        """A decode step's token deltas arrive together: (request id, tokens, finished) each."""
+        for request_id, tokens, finished in deltas:
+            self.delta(request_id, tokens, finished)
+
     def delta(self, request_id: str, tokens: int, finished: bool) -> None:
         """A worker's token delta arrives; the client sees it `per_delta_s` later."""
         d = self.active[request_id]
@@ -193,7 +202,7 @@ class SimRouter:
         times = client.token_times
         client.success, client.output_tokens = True, len(times)
         client.ttft, client.latency = times[0] - client.start_time, times[-1] - client.start_time
-        client.itl = [b - a for a, b in zip(times, times[1:])]
+        client.prompt = ()
         client.on_end(client)
 
     def _end(self, client: ClientRequest, why: str) -> None:
@@ -201,4 +210,5 @@ class SimRouter:
             self.refused += 1
         client.error = why
         client.latency = self.events.now - client.start_time
+        client.prompt = ()
         client.on_end(client)

@@ -53,15 +53,19 @@ class _Client:
                  max_concurrency: int | None):  # fmt: skip
         self.events, self.router = events, router
         self.slots = max_concurrency or len(requests)
-        self.requests = [ClientRequest(r.prompt, r.output_len, r.arrival_s, on_end=self._ended) for r in requests]
+        self.total = len(requests)
+        self.requests: list[ClientRequest] = []  # in order of arrival, each made when it arrives
         self.queued: deque[ClientRequest] = deque()
         self.out = self.ended = 0
         self.last_end = 0.0
-        for request in self.requests:
+        for request in requests:
             events.at(request.arrival_s, self._arrived, request)
 
-    def _arrived(self, request: ClientRequest) -> None:
-        self.queued.append(request)
+    def _arrived(self, request: SimRequest) -> None:
+        # The prompt is made now (a trace's lazily): only the requests under way hold theirs.
+        client = ClientRequest(request.prompt, request.output_len, request.arrival_s, on_end=self._ended)
+        self.requests.append(client)
+        self.queued.append(client)
         self._send()
 
     def _send(self) -> None:
@@ -75,7 +79,7 @@ class _Client:
         self.out -= 1
         self.ended += 1
         self.last_end = self.events.now
-        if self.ended == len(self.requests):
+        if self.ended == self.total:
             self.events.stop()
         else:
             self._send()
@@ -100,8 +104,8 @@ def simulate(layout: Layout, requests: Sequence[SimRequest], max_concurrency: in
     router.start_polling()
     client = _Client(events, router, sorted(requests, key=lambda r: r.arrival_s), max_concurrency)
     events.run()
-    if client.ended < len(client.requests):
-        raise RuntimeError(f"the simulation stalled with {len(client.requests) - client.ended} requests unfinished")
+    if client.ended < client.total:
+        raise RuntimeError(f"the simulation stalled with {client.total - client.ended} requests unfinished")
     steps = sum(w.engine.runner.steps for w in workers)
     return SimResult(layout, tuple(client.requests), client.last_end, steps, events.events,
                      time.perf_counter() - started)  # fmt: skip

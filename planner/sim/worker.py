@@ -99,11 +99,12 @@ class SimWorker:
     def _step_done(self, started: float, outputs) -> None:
         self.in_step = False
         now = self.events.now
-        for out in outputs:
-            if self.role == "prefill":
+        if self.role == "prefill":
+            for out in outputs:
                 self._prompt_done(out, started, now)
-            else:
-                self._send_delta(out.request_id, len(out.new_token_ids), out.finished, now)
+        elif outputs:  # one message per step, its deltas in order, as the worker pushes them together
+            deltas = [(out.request_id, len(out.new_token_ids), out.finished) for out in outputs]
+            self.events.at(now + self.serving.message_s, self.router.deltas, deltas)
         self._wake(now)
 
     # ---- messages ---------------------------------------------------------------------
