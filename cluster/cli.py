@@ -243,10 +243,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "serve":
             serve(args)
-        elif args.command in ("profile", "simulate", "plan"):
+        elif args.command in ("profile", "simulate"):
             from cluster import plan_cli
 
             getattr(plan_cli, f"run_{args.command}")(args)
+        elif args.command == "plan":
+            from cluster.plan_command import run_plan
+
+            run_plan(args)
         elif args.command == "scale":
             scale = {"prefill": args.prefill, "decode": args.decode}
             _print_status(_admin(args.url, "/admin/scale", scale, args.admin_token), args.json)
