@@ -48,9 +48,8 @@ def decode_worker_maker(engine_args: EngineArgs, config: DecodeWorkerConfig):
         io = IOThread(f"{config.name}-io", services)
         control, receiving = io.services
         inbox = PullSocket((FirstToken, PrefillFailed), config.bind_address)
-        worker = DecodeWorker(engine, config, io, board, receiving.receiver.address, inbox, Pushers())
-        worker.control_address = control.address
-        return worker
+        return DecodeWorker(engine, config, io, board, receiving.receiver.address, inbox, Pushers(),
+                            control_address=control.address)  # fmt: skip
 
     return make
 

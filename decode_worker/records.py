@@ -1,4 +1,4 @@
-"""One record per request on a decode worker, with a phase and the table of what moves it.
+"""One record per request on a decode worker, with a phase and the events that move it.
 
                      reserve (local prefill) ─────────────────────────────────────┐
                      reserve (remote KV)                                          ▼
@@ -14,7 +14,7 @@ RELEASING waits until nobody may write the request's blocks any more: rank 0's
 receiver and each follower rank acknowledge the release (a follower that does
 not within the ack timeout is logged and let go of); then the blocks go back
 to the pool (and the request is prefilled here, or ends). Every failure is
-one entry of `TRANSITIONS`; an event a phase does not list is late news (a KV
+one entry of `DecodeWorker.transitions`; an event a phase does not list is late news (a KV
 chunk after an abort, a first token after a failure) and is ignored.
 """
 
@@ -41,32 +41,13 @@ class Event(enum.Enum):
     KV_DONE = "kv_done"  # rank 0's receiver has the whole prompt
     SHARD_DONE = "shard_done"  # a follower's receiver has its heads of it
     FIRST_TOKEN = "first_token"
+    SEAT_OFFERED = "seat_offered"  # ready (KV on every rank, first token here): a seat in the batch if one is free
     KV_FAILED = "kv_failed"  # rank 0's transfer, a follower's shard, or the prefill itself failed
     NO_FIRST_TOKEN = "no_first_token"  # the KV landed but the prefill worker's first token never came
     ABORT = "abort"  # the client, the router's lease, or shutdown
     STEP_FAILED = "step_failed"
     FINISHED = "finished"
     RELEASED = "released"  # one holder of its blocks let go
-
-
-A, E = Phase, Event
-# (phase, event) -> the worker's transition (a method name of `DecodeWorker`, "_to_" + this).
-TRANSITIONS: dict[tuple[Phase, Event], str] = {
-    (A.EXPECTING_SHARDS, E.RANK_ACKED): "awaiting_kv",
-    (A.EXPECTING_SHARDS, E.ACK_TIMEOUT): "refused",
-    (A.EXPECTING_SHARDS, E.ABORT): "refused",
-    (A.AWAITING_KV, E.KV_DONE): "admission",
-    (A.AWAITING_KV, E.SHARD_DONE): "admission",
-    (A.AWAITING_KV, E.FIRST_TOKEN): "admission",
-    (A.AWAITING_KV, E.KV_FAILED): "recompute_or_end",
-    (A.AWAITING_KV, E.NO_FIRST_TOKEN): "end",
-    (A.AWAITING_KV, E.ABORT): "end",
-    (A.RUNNING, E.ABORT): "end",
-    (A.RUNNING, E.STEP_FAILED): "end",
-    (A.RUNNING, E.FINISHED): "gone",
-    (A.RELEASING, E.RELEASED): "released",
-    (A.RELEASING, E.ACK_TIMEOUT): "released",
-}
 
 
 @dataclass

@@ -1,13 +1,11 @@
 """The TokenDeltas a decode worker streams: engine outputs, and the last word of a request that ends early.
 
 Numbering is the whole request's, as the client sees it: after a local
-recompute that continues past an already-streamed first token (`spliced`),
-the engine counts that token as prompt, and its outputs are shifted back.
+recompute that continues past an already-streamed first token (`DecodeRecord.spliced`),
+the engine counts that token as prompt, and its outputs are shifted back (`TokenDelta.shifted`).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from decode_worker.records import DecodeRecord
 from engine.outputs import RequestOutput
@@ -28,17 +26,6 @@ def output_delta(out: RequestOutput, already_streamed: int = 0) -> TokenDelta | 
         out.request_id, first_index, tuple(new), out.finished, completion.finish_reason,
         len(out.prompt_token_ids), len(completion.token_ids), out.num_cached_tokens,
         logprobs=token_logprobs(completion.logprobs, len(new)), prompt_logprobs=prompt,
-    )  # fmt: skip
-
-
-def spliced(delta: TokenDelta, num_spliced: int) -> TokenDelta:
-    """An engine-numbered delta of a request recomputed after `num_spliced` streamed tokens, numbered as the whole."""
-    if not num_spliced:
-        return delta
-    # Its prompt logprobs would score the spliced tokens as prompt: the router had the prompt's from prefill.
-    return dataclasses.replace(
-        delta, first_index=delta.first_index + num_spliced, num_prompt_tokens=delta.num_prompt_tokens - num_spliced,
-        num_output_tokens=delta.num_output_tokens + num_spliced, prompt_logprobs=(),
     )  # fmt: skip
 
 

@@ -36,21 +36,17 @@ from typing import Literal
 
 from decode_worker.kv_receiving import AnswerAfter, ExpectKV, KVEnded, KVReleased, ReleaseKV
 from decode_worker.recompute import requeue_locally
-from decode_worker.records import TRANSITIONS, DecodeRecord, Event, Phase
-from decode_worker.streaming import final_delta, output_delta, spliced
-from engine.llm_engine import EngineStepError, LLMEngine
+from decode_worker.records import DecodeRecord, Event, Phase
+from decode_worker.streaming import final_delta, output_delta
+from engine.llm_engine import LLMEngine
 from engine.remote_kv import NoFreeBlocks, admit_remote_kv, count_uncached_tokens, fail_remote_kv, reserve_remote_kv
-from wire.codec import decode
 from runtime.engine_bridge import decode_phases, sampling_params
-from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ShardEnded
+from wire.ranks import ExpectShard, RankAck, ShardEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, ReserveRefused, WorkerLoad
-from runtime.rank_links import RankLinks
 from wire.push_pull import PullSocket, Pushers
-from runtime.arrival_window import ArrivalWindow
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
-from runtime.router_lease import RouterLease, due
 from runtime.worker_config import WorkerConfig
 
 logger = logging.getLogger("tandem.decode")
@@ -65,19 +61,16 @@ class DecodeWorkerConfig(WorkerConfig):
 
 
 class DecodeWorker(RequestTable):
-    transitions, abort_event = TRANSITIONS, Event.ABORT
+    abort_event, step_failed_event, ack_timeout_event = Event.ABORT, Event.STEP_FAILED, Event.ACK_TIMEOUT
 
     def __init__(self, engine: LLMEngine, config: DecodeWorkerConfig, io, board: LoadBoard, receiver_address: str,
-                 inbox: PullSocket, pushers: Pushers):  # fmt: skip
-        """`io`: the I/O thread (anything with `post(command)`); the worker owns and closes it, `inbox`, `pushers`."""
-        self.engine, self.config, self.io, self.board = engine, config, io, board
+                 inbox: PullSocket, pushers: Pushers, control_address: str = ""):  # fmt: skip
+        """`io`: the I/O thread (anything with `post(command)`); the worker owns and closes it, `inbox`, `pushers`.
+        `self.records`: request id -> DecodeRecord, oldest first (admission order); `self.ranks`: tensor
+        parallel, the follower ranks' receivers."""
+        super().__init__(engine, config, io, board, control_address)
         self.receiver_address, self.inbox, self.pushers = receiver_address, inbox, pushers
-        self.tp_size = engine.config.parallel.tp_size
-        self.ranks: RankLinks | None = None  # tensor parallel: the follower ranks' receivers
-        super().__init__()  # self.records: request id -> DecodeRecord, oldest first (admission order)
-        self.lease = RouterLease(board, config.router_lease_s)
-        self.window = ArrivalWindow(config.arrival_window)  # holds an idle engine's first step for a burst
-        self.calls.update(reserve=self.reserve, abort=self.abort, attach_followers=self.attach_followers)
+        self.calls.update(reserve=self.reserve)
 
     # ---- messages to the loop ------------------------------------------------
     def handle(self, message) -> None:
@@ -122,18 +115,6 @@ class DecodeWorker(RequestTable):
         record.unacked, record.shards_missing = set(self.ranks.ranks), set(self.ranks.ranks)
         self.ranks.tell(ExpectShard(rid, blocks))
 
-    def abort(self, call: Call) -> None:
-        self.on(call.arg, Event.ABORT, "aborted by the client")
-        call.answer(None)
-
-    def attach_followers(self, call: Call) -> None:
-        """Tensor parallel: reach the follower ranks' receivers (`RankEndpoint`s, encoded)."""
-        ranks = [decode(e, RankEndpoint) for e in call.arg]
-        if sorted(r.rank for r in ranks) != list(range(1, self.tp_size)):
-            raise ValueError(f"expected endpoints of ranks 1..{self.tp_size - 1}, got {[r.rank for r in ranks]}")
-        self.ranks = RankLinks(ranks, self.config.rank_ack_timeout_s, self.config.bind_address)
-        call.answer(None)
-
     # ---- the loop (runtime.loop.LoopWorker) -------------------------------------
     def sockets(self) -> list:
         return [self.inbox.socket] + ([self.ranks.socket] if self.ranks is not None else [])
@@ -148,18 +129,9 @@ class DecodeWorker(RequestTable):
             self._on_rank_message(msg)
         self._admit_ready()
 
-    def has_work(self) -> bool:
-        return self.window.lets_step(self.engine)
-
-    def next_deadline(self) -> float | None:
-        return self.window.deadline(super().next_deadline())
-
     def step(self) -> bool:
-        try:
-            outputs = self.engine.step()
-        except EngineStepError as err:  # the engine ended those requests and freed their blocks
-            for request_id in err.request_ids:
-                self.on(request_id, Event.STEP_FAILED, str(err))
+        outputs = self.engine_step()
+        if outputs is None:
             return False
         for out in outputs:
             record = self.records.get(out.request_id)
@@ -170,15 +142,12 @@ class DecodeWorker(RequestTable):
         self._admit_ready()  # seats freed by finished requests
         return True
 
-    def check_deadlines(self) -> None:
-        now = time.monotonic()
-        self.end_all_if_router_gone(now)
-        for record in due(self.records.values(), now):
-            if record.phase is Phase.AWAITING_KV:
-                self.on(record.request_id, Event.NO_FIRST_TOKEN,
-                         f"no first token {self.config.timeouts.transfer_s}s after the KV landed")  # fmt: skip
-            else:
-                self.on(record.request_id, Event.ACK_TIMEOUT, self._ack_timeout_reason(record))
+    def overdue(self, record: DecodeRecord) -> tuple[Event, str]:
+        if record.phase is Phase.AWAITING_KV:
+            return Event.NO_FIRST_TOKEN, f"no first token {self.config.timeouts.transfer_s}s after the KV landed"
+        missing = sorted(record.unacked if record.phase is Phase.EXPECTING_SHARDS else record.holders)
+        return Event.ACK_TIMEOUT, f"tensor-parallel rank(s) {missing} did not acknowledge {record.request_id!r} " \
+                                  f"within {self.config.rank_ack_timeout_s}s"  # fmt: skip
 
     def snapshot(self) -> LoopSnapshot:
         kv, sched, meter = self.engine.kv_cache, self.engine.scheduler, self.engine.prefill_meter
@@ -200,7 +169,7 @@ class DecodeWorker(RequestTable):
             if closable is not None:
                 closable.close()
 
-    # ---- transitions (decode_worker.records; `on` is runtime.request_table's) --------
+    # ---- transitions (decode_worker.records; the table below; `on` is runtime.request_table's) --------
     def _to_awaiting_kv(self, record: DecodeRecord, event: Event, rank: int | None = None, **_) -> None:
         record.unacked.discard(rank)
         if not record.unacked:
@@ -226,6 +195,19 @@ class DecodeWorker(RequestTable):
             record.first_token, record.deadline = token, None
             record.first_token_seen = self.engine.clock()
 
+    def _to_running(self, record: DecodeRecord, event: Event, **_) -> None:
+        """Ready (its KV on every rank and its first token here): it takes a seat in the batch, if there is one."""
+        if not record.ready:
+            return
+        admitted_at = self.engine.clock()
+        out = admit_remote_kv(self.engine, record.request_id, record.first_token)
+        if out is None:
+            return
+        record.phase, record.deadline, record.admitted_at = Phase.RUNNING, None, admitted_at
+        self._stream(record, out, already_streamed=1)
+        if out.finished:
+            self.on(record.request_id, Event.FINISHED)
+
     def _to_recompute_or_end(self, record: DecodeRecord, event: Event, reason: str, **_) -> None:
         self._release(record, "recompute" if self.config.kv_transfer_failure == "recompute" else "end", reason)
 
@@ -241,11 +223,7 @@ class DecodeWorker(RequestTable):
         del self.records[record.request_id]
 
     def _to_released(self, record: DecodeRecord, event: Event, reason: str, rank: int | None = None, **_) -> None:
-        if event is Event.ACK_TIMEOUT:
-            logger.error("freeing the blocks of %s anyway: %s", record.request_id, reason)
-            record.holders.clear()
-        record.holders.discard(rank)
-        if record.holders:
+        if not self.let_go(record, event, reason, rank):
             return
         req = self.engine.requests.get(record.request_id)
         fail_remote_kv(self.engine, record.request_id)  # nobody writes its blocks now: back to the pool
@@ -255,15 +233,31 @@ class DecodeWorker(RequestTable):
             self._end_stream(record, record.reason)
         del self.records[record.request_id]
 
+    A, E = Phase, Event
+    transitions = {
+        (A.EXPECTING_SHARDS, E.RANK_ACKED): _to_awaiting_kv,
+        (A.EXPECTING_SHARDS, E.ACK_TIMEOUT): _to_refused,
+        (A.EXPECTING_SHARDS, E.ABORT): _to_refused,
+        (A.AWAITING_KV, E.KV_DONE): _to_admission,
+        (A.AWAITING_KV, E.SHARD_DONE): _to_admission,
+        (A.AWAITING_KV, E.FIRST_TOKEN): _to_admission,
+        (A.AWAITING_KV, E.SEAT_OFFERED): _to_running,
+        (A.AWAITING_KV, E.KV_FAILED): _to_recompute_or_end,
+        (A.AWAITING_KV, E.NO_FIRST_TOKEN): _to_end,
+        (A.AWAITING_KV, E.ABORT): _to_end,
+        (A.RUNNING, E.ABORT): _to_end,
+        (A.RUNNING, E.STEP_FAILED): _to_end,
+        (A.RUNNING, E.FINISHED): _to_gone,
+        (A.RELEASING, E.RELEASED): _to_released,
+        (A.RELEASING, E.ACK_TIMEOUT): _to_released,
+    }
+    del A, E
+
     # ---- helpers ----------------------------------------------------------------
     def _release(self, record: DecodeRecord, then: str, reason: str) -> None:
         """Ask everyone who may still write the request's blocks to let go (RELEASING), then `then`."""
         record.phase, record.then, record.reason = Phase.RELEASING, then, reason
-        record.holders = {0, *(self.ranks.ranks if self.ranks is not None else ())}
-        record.deadline = time.monotonic() + self.config.rank_ack_timeout_s
-        self.io.post(ReleaseKV(record.request_id, reason))
-        if self.ranks is not None:
-            self.ranks.tell(DropShard(record.request_id, reason))
+        self.start_release(record, ReleaseKV(record.request_id, reason), reason)
 
     def _recompute(self, record: DecodeRecord, req) -> None:
         logger.warning("%s: recomputing the prompt here (%s)", record.request_id, record.reason)
@@ -282,14 +276,9 @@ class DecodeWorker(RequestTable):
 
     def _admit_ready(self) -> None:
         for record in [r for r in self.records.values() if r.phase is Phase.AWAITING_KV and r.ready]:
-            admitted_at = self.engine.clock()
-            out = admit_remote_kv(self.engine, record.request_id, record.first_token)
-            if out is None:
+            self.on(record.request_id, Event.SEAT_OFFERED)
+            if record.phase is Phase.AWAITING_KV:
                 return  # no seat in the batch: the oldest waits first
-            record.phase, record.deadline, record.admitted_at = Phase.RUNNING, None, admitted_at
-            self._stream(record, out, already_streamed=1)
-            if out.finished:
-                self.on(record.request_id, Event.FINISHED)
 
     def _on_rank_message(self, msg: RankAck | ShardEnded) -> None:
         if isinstance(msg, RankAck):
@@ -305,11 +294,6 @@ class DecodeWorker(RequestTable):
         self.io.post(AnswerAfter(record.call.answer, record.reservation))
         record.call = None
 
-    def _ack_timeout_reason(self, record: DecodeRecord) -> str:
-        missing = sorted(record.unacked if record.phase is Phase.EXPECTING_SHARDS else record.holders)
-        return f"tensor-parallel rank(s) {missing} did not acknowledge {record.request_id!r} within " \
-               f"{self.config.rank_ack_timeout_s}s"  # fmt: skip
-
     def _kv_addresses(self) -> tuple[str, ...]:
         if self.ranks is None:
             return ()
@@ -318,7 +302,7 @@ class DecodeWorker(RequestTable):
     def _stream(self, record: DecodeRecord, out, already_streamed: int = 0) -> None:
         delta = output_delta(out, already_streamed)
         if delta is not None:
-            delta = spliced(delta, record.spliced)
+            delta = delta.shifted(record.spliced)
             if delta.finished and record.request is not None:
                 delta = dataclasses.replace(delta, phases=decode_phases(record.request, record.first_token_seen,
                                                                         record.kv_landed_at, record.admitted_at))  # fmt: skip

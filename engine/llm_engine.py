@@ -118,7 +118,7 @@ class EngineArgs:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, show_progress: bool = True,
-                 kv_connector: KVConnector | None = None, runner: StepRunner | None = None,
+                 runner: StepRunner | None = None,
                  clock: Callable[[], float] = time.perf_counter):  # fmt: skip
         """`runner`: what executes the scheduled steps (default: a `ModelRunner` loading the model; the
         planner's simulator passes one that prices steps instead). `clock`: what step durations are read
@@ -144,8 +144,9 @@ class LLMEngine:
                                         config.model.vocab_size, self.eos_token_ids)  # fmt: skip
         self.requests: dict[str, Request] = {}
         self._prompts: dict[str, str | None] = {}
-        # A worker's seam into the cache (engine.kv_connector): called before each forward and after each layer.
-        self.kv_connector = kv_connector
+        # A worker's seam into the cache (engine.kv_connector), set by the worker built on it: called before
+        # each forward and after each layer.
+        self.kv_connector: KVConnector | None = None
         sc = config.scheduler
         logger.info(
             "engine ready: %s, %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
@@ -286,13 +287,10 @@ class LLMEngine:
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         n_out = len(req.output_token_ids)
-        p = req.params
-        if n_out >= p.min_tokens:
-            if not p.ignore_eos and token in req.eos_token_ids:
-                return RequestStatus.FINISHED_STOPPED
-            if token in p.stop_token_ids:
-                req.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
+        stop = req.params.stop_by(token, n_out, req.eos_token_ids)
+        if stop is not None:
+            req.stop_reason = None if stop == "eos" else stop
+            return RequestStatus.FINISHED_STOPPED
         if n_out >= req.max_tokens or req.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

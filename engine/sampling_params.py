@@ -75,6 +75,16 @@ class SamplingParams:
         """True when the sampler takes the argmax instead of sampling."""
         return self.temperature < _GREEDY_EPS
 
+    def stop_by(self, token: int, num_output: int, eos_token_ids) -> str | int | None:
+        """Why `token`, the request's `num_output`-th output token, ends it: "eos", the stop token id itself,
+        or None (it goes on; max_tokens is the caller's). Nothing stops it before min_tokens are out. The one
+        rule the engine steps by and a decode worker's recompute applies to a first token made elsewhere."""
+        if num_output < self.min_tokens:
+            return None
+        if not self.ignore_eos and token in eos_token_ids:
+            return "eos"
+        return token if token in self.stop_token_ids else None
+
     def _normalise_stops(self) -> None:
         stop = _as_tuple("stop", self.stop, str)
         for s in stop:

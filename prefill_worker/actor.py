@@ -46,9 +46,7 @@ def prefill_worker_maker(engine_args: EngineArgs, config: PrefillWorkerConfig):
             return [ControlService(board, PREFILL_CALLS, deliver, io.post, config.bind_address), sending]
 
         io = IOThread(f"{config.name}-io", services)
-        worker = PrefillWorker(engine, config, io, board, Pushers())
-        worker.control_address = io.services[0].address
-        return worker
+        return PrefillWorker(engine, config, io, board, Pushers(), control_address=io.services[0].address)
 
     return make
 

@@ -1,4 +1,4 @@
-"""One record per request on a prefill worker, with a phase and the table of what moves it.
+"""One record per request on a prefill worker, with a phase and the events that move it.
 
     prefill ──► QUEUED ── the forward that completes its prompt starts ──► SENDING ── every transfer done ──► (gone)
     (engine      │        (transfers opened before it, layers shipped        │        blocks released, still
@@ -13,8 +13,8 @@
 From SENDING the blocks are read by this rank's I/O thread and by each
 follower rank: RELEASING waits until each acknowledged the release (a follower
 that does not within the ack timeout is logged and let go of) before the
-blocks return to the pool. An event a phase does not list is late news and
-is ignored.
+blocks return to the pool. What moves a record is `PrefillWorker.transitions`; an event a phase
+does not list is late news and is ignored.
 """
 
 from __future__ import annotations
@@ -40,21 +40,6 @@ class Event(enum.Enum):
     STEP_FAILED = "step_failed"
     RELEASED = "released"  # one rank let go of its blocks
     ACK_TIMEOUT = "ack_timeout"  # a follower rank did not acknowledge the release in time
-
-
-P, E = Phase, Event
-# (phase, event) -> the worker's transition (a method of `PrefillWorker`, "_to_" + this).
-TRANSITIONS: dict[tuple[Phase, Event], str] = {
-    (P.QUEUED, E.SENDING): "sending",
-    (P.QUEUED, E.ABORT): "dropped",
-    (P.QUEUED, E.STEP_FAILED): "dropped",
-    (P.SENDING, E.TRANSFER_DONE): "sent",
-    (P.SENDING, E.TRANSFER_FAILED): "releasing",
-    (P.SENDING, E.ABORT): "releasing",
-    (P.SENDING, E.STEP_FAILED): "releasing",
-    (P.RELEASING, E.RELEASED): "released",
-    (P.RELEASING, E.ACK_TIMEOUT): "released",
-}
 
 
 @dataclass

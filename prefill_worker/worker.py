@@ -26,28 +26,24 @@ ended, or, when it fails or is aborted, once every rank has let go of them
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
-from engine.llm_engine import EngineStepError, LLMEngine
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.remote_kv import add_prefill_request, release_blocks
 from engine.scheduler import SchedulerOutput
-from wire.codec import decode, encode
-from runtime.arrival_window import ArrivalWindow
+from wire.codec import encode
 from runtime.engine_bridge import prompt_phases, prompt_token_logprobs, sampling_params, token_logprobs
 from kvtransfer.faults import TransportFaults
-from wire.ranks import DropShard, RankAck, RankEndpoint, ShardOrder, ShardOrders
+from wire.ranks import RankAck, ShardOrder, ShardOrders
 from wire.requests import FirstToken, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
-from runtime.rank_links import RankLinks
 from wire.push_pull import Pushers
 from prefill_worker.kv_sending import ReleaseSend, SendLayer, SendReleased, StartSend, TransferEnded
 from prefill_worker.pieces import transfers_of
-from prefill_worker.records import TRANSITIONS, Event, Phase, PrefillRecord
+from prefill_worker.records import Event, Phase, PrefillRecord
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
-from runtime.router_lease import RouterLease, due
 from runtime.worker_config import WorkerConfig
 
 logger = logging.getLogger("tandem.prefill")
@@ -60,18 +56,16 @@ class PrefillWorkerConfig(WorkerConfig):
 
 
 class PrefillWorker(RequestTable):
-    transitions, abort_event = TRANSITIONS, Event.ABORT
+    abort_event, step_failed_event, ack_timeout_event = Event.ABORT, Event.STEP_FAILED, Event.ACK_TIMEOUT
 
-    def __init__(self, engine: LLMEngine, config: PrefillWorkerConfig, io, board: LoadBoard, pushers: Pushers):
-        """`io`: the I/O thread (anything with `post(command)`); the worker owns and closes it and `pushers`."""
-        self.engine, self.config, self.io, self.board, self.pushers = engine, config, io, board, pushers
-        self.tp_size, self.num_kv_heads = engine.config.parallel.tp_size, engine.config.model.num_kv_heads
-        self.ranks: RankLinks | None = None  # tensor parallel: the follower ranks' senders
-        super().__init__()  # self.records: request id -> PrefillRecord
-        self.lease = RouterLease(board, config.router_lease_s)
-        self.window = ArrivalWindow(config.arrival_window)  # holds an idle engine's first step for a burst
+    def __init__(self, engine: LLMEngine, config: PrefillWorkerConfig, io, board: LoadBoard, pushers: Pushers,
+                 control_address: str = ""):  # fmt: skip
+        """`io`: the I/O thread (anything with `post(command)`); the worker owns and closes it and `pushers`.
+        `self.records`: request id -> PrefillRecord; `self.ranks`: tensor parallel, the follower ranks' senders."""
+        super().__init__(engine, config, io, board, control_address)
+        self.pushers, self.num_kv_heads = pushers, engine.config.model.num_kv_heads
         self._sending_now: tuple[str, ...] = ()  # requests whose transfers the forward under way feeds
-        self.calls.update(prefill=self.prefill, abort=self.abort, attach_followers=self.attach_followers)
+        self.calls.update(prefill=self.prefill)
         engine.kv_connector = self
 
     # ---- messages to the loop ------------------------------------------------
@@ -91,16 +85,6 @@ class PrefillWorker(RequestTable):
                                   sampling_params(request.sampling))  # fmt: skip
         self.records[request.request_id] = PrefillRecord(task, req)
         self.window.queued(self.engine)
-        call.answer(None)
-
-    def abort(self, call: Call) -> None:
-        self.on(call.arg, Event.ABORT, "aborted by the client")
-        call.answer(None)
-
-    def attach_followers(self, call: Call) -> None:
-        """Tensor parallel: reach the follower ranks' senders (`RankEndpoint`s, encoded)."""
-        endpoints = [decode(e, RankEndpoint) for e in call.arg]
-        self.ranks = RankLinks(endpoints, self.config.rank_ack_timeout_s, self.config.bind_address)
         call.answer(None)
 
     # ---- the KV connector (engine.kv_connector), on this thread inside engine.step ------
@@ -130,31 +114,18 @@ class PrefillWorker(RequestTable):
             else:  # ShardEnded
                 self._transfer_ended(msg.request_id, msg.rank, msg.peer, msg.kind, msg.reason)
 
-    def has_work(self) -> bool:
-        return self.window.lets_step(self.engine)
-
-    def next_deadline(self) -> float | None:
-        return self.window.deadline(super().next_deadline())
-
     def step(self) -> bool:
         try:
-            outputs = self.engine.step()
-        except EngineStepError as err:
-            for request_id in err.request_ids:
-                self.on(request_id, Event.STEP_FAILED, str(err))
-            return False
+            outputs = self.engine_step()
         finally:
             self._sending_now = ()
-        for out in outputs:
+        for out in outputs or ():
             self._hand_over(out)
-        return True
+        return outputs is not None
 
-    def check_deadlines(self) -> None:
-        now = time.monotonic()
-        self.end_all_if_router_gone(now)
-        for record in due(self.records.values(), now):
-            self.on(record.request_id, Event.ACK_TIMEOUT,
-                     f"rank(s) {sorted(record.holders)} did not let go of it within {self.config.rank_ack_timeout_s}s")
+    def overdue(self, record: PrefillRecord) -> tuple[Event, str]:
+        return Event.ACK_TIMEOUT, f"rank(s) {sorted(record.holders)} did not let go of it within " \
+                                  f"{self.config.rank_ack_timeout_s}s"  # fmt: skip
 
     def snapshot(self) -> LoopSnapshot:
         kv, sched, meter = self.engine.kv_cache, self.engine.scheduler, self.engine.prefill_meter
@@ -176,7 +147,7 @@ class PrefillWorker(RequestTable):
             self.ranks.close()
         self.pushers.close()
 
-    # ---- transitions (prefill_worker.records; `on` is runtime.request_table's) -------
+    # ---- transitions (prefill_worker.records; the table below; `on` is runtime.request_table's) -------
     def _to_sending(self, record: PrefillRecord, event: Event, **_) -> None:
         record.phase = Phase.SENDING
 
@@ -193,20 +164,26 @@ class PrefillWorker(RequestTable):
         """Stop every rank's transfers; the blocks go back once each let go (`_to_released`)."""
         record.phase, record.reason = Phase.RELEASING, reason
         record.tell_decode = event is not Event.ABORT
-        record.holders = {0, *(self.ranks.ranks if self.ranks is not None else ())}
-        record.deadline = time.monotonic() + self.config.rank_ack_timeout_s
         self.engine.abort_request(record.request_id)  # a no-op unless the failed step left it there
-        self.io.post(ReleaseSend(record.request_id, reason))
-        if self.ranks is not None:
-            self.ranks.tell(DropShard(record.request_id, reason))
+        self.start_release(record, ReleaseSend(record.request_id, reason), reason)
 
     def _to_released(self, record: PrefillRecord, event: Event, reason: str, rank: int | None = None, **_) -> None:
-        if event is Event.ACK_TIMEOUT:
-            logger.error("freeing the blocks of %s anyway: %s", record.request_id, reason)
-            record.holders.clear()
-        record.holders.discard(rank)
-        if not record.holders:
+        if self.let_go(record, event, reason, rank):
             self._gone(record, record.tell_decode, record.reason)
+
+    P, E = Phase, Event
+    transitions = {
+        (P.QUEUED, E.SENDING): _to_sending,
+        (P.QUEUED, E.ABORT): _to_dropped,
+        (P.QUEUED, E.STEP_FAILED): _to_dropped,
+        (P.SENDING, E.TRANSFER_DONE): _to_sent,
+        (P.SENDING, E.TRANSFER_FAILED): _to_releasing,
+        (P.SENDING, E.ABORT): _to_releasing,
+        (P.SENDING, E.STEP_FAILED): _to_releasing,
+        (P.RELEASING, E.RELEASED): _to_released,
+        (P.RELEASING, E.ACK_TIMEOUT): _to_released,
+    }
+    del P, E
 
     # ---- helpers ----------------------------------------------------------------
     def _gone(self, record: PrefillRecord, tell_decode: bool = False, reason: str = "") -> None:

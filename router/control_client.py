@@ -39,7 +39,7 @@ from wire.control import CallPayload, ControlCall, ControlReply, ReplyPayload
 from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, ReserveRefused, WorkerLoad
 from wire.socket_security import ClusterKey, connect_secured, open_monitor
 
-logger = logging.getLogger("tandem.kvtransfer")
+logger = logging.getLogger("tandem.router")
 
 # Only a backstop for one call that never gets its reply; it marks nothing dead. Generous, because a
 # prefill or reserve call may wait behind a worker's current step, and CPU steps take 10-30 s.

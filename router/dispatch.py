@@ -1,26 +1,29 @@
 """Dispatch: one sequence of one HTTP request, from routing to its last token, on the router's event loop.
 
-    start(prompt ids, sampling)
+    start(prompt ids, sampling)            STARTING
       pick decode (free blocks) and prefill (the routing policy; none when no prefill worker can take it:
-               `router.local_prefill`, then the request carries `local_prefill` and decode prefills it);
-               in_flight += 1 on each
+               `router.local_prefill`, then the request carries `local_prefill` and decode prefills it)
+      an `Attempt` on them (`router.attempt`: the counts it holds on each worker, by its phase)
       handoff: `router.handoff.start_request` (reserve on decode, retry while full,
                PrefillTask to prefill; abort both on failure)
-    Generation.chunks()   tokens in order from the token stream
-      decode's first token (the second one) or the final delta -> prefill's part is over (the prompt's
-                             KV landed on decode): its in_flight -= 1. Until then a prefill worker that
-                             dies takes the request with it (its KV may never come) and it resumes.
-      final delta         -> decode's part is over: its in_flight -= 1
-    Generation.close()    always called (finally); unfinished -> abort on both workers (frees their blocks)
-    a call fails          (the worker is only suspect) that attempt is given up and the request resumed
-                          on other workers (`router.migration`), as below
-    a worker dies         every request it held (decode: any time; prefill: until its KV landed) is
-                          resumed on live workers, up to `max_resumes` times; with no live decode worker
-                          left its stream fails (a clear error, never a hang)
+                                           -> RUNNING
+    Generation.chunks()   tokens in order from the token stream, each moving the attempt's phase
+      decode's first token (the second one) -> prefill's part is over (the prompt's KV landed on decode).
+                             Until then a prefill worker that dies takes the request with it (its KV may
+                             never come) and it resumes.
+      final delta                          -> FINISHED (the attempt ends: nothing held)
+    Generation.close()    always called (finally); unfinished -> abort on its workers (frees their blocks),
+                                           -> CLOSED
+    a call fails, a worker dies, its decode worker gives it up, the watchdog finds it silent
+                                           -> RESUMING: the attempt is given up (aborted where its workers
+                          live) and the request resumed on live workers (`router.migration`), up to
+                          `max_resumes` times, -> RUNNING; when it cannot be, its stream fails (a clear
+                          error, never a hang)
 
-Ownership: the dispatcher owns the `in_flight` counts and the `prompt_tokens_queued` charges
-(`router.ttft_prediction`: from the handoff to the first token) it adds, and gives each back
-exactly once; a worker's blocks are the worker's, freed by the abort it is sent.
+Ownership: each `Generation` is the one record of its request (state, attempts, resumes, the task moving
+it); its `Attempt` owns the `in_flight` counts and `prompt_tokens_queued` charges (`router.ttft_prediction`:
+from the handoff to the first token) and gives each back exactly once; a worker's blocks are the worker's,
+freed by the abort it is sent. `Dispatcher.active` holds a request from `start` until it finishes or closes.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ import itertools
 import logging
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import AsyncIterator, Callable, Sequence
 
+from router.attempt import Attempt
 from router.handoff import HandoffTimeouts, abort_request, start_request
 from wire.requests import GenerateRequest, SamplingSpec, TokenDelta
 from router.local_prefill import LocalPrefillRule, choose_prefill
@@ -56,45 +61,131 @@ class RequestFailedSteps(StreamFailed):
     """Every worker that ran it failed a step with it: the request's fault (a 400), not theirs."""
 
 
-@dataclass
+class RequestState(Enum):
+    STARTING = "starting"  # its first attempt is being handed off (`Dispatcher.start`, on the caller's task)
+    RUNNING = "running"  # an attempt runs: its tokens come
+    RESUMING = "resuming"  # its attempt was given up; a task moves it to other workers
+    FINISHED = "finished"  # its final delta came
+    CLOSED = "closed"  # ended unfinished (client gone, stream failed): its attempt aborted
+
+
+# The transitions a request may make; anything else is a bug (raised, never silently applied).
+REQUEST_TRANSITIONS = {
+    RequestState.STARTING: {RequestState.RUNNING, RequestState.RESUMING, RequestState.CLOSED},
+    RequestState.RUNNING: {RequestState.RESUMING, RequestState.FINISHED, RequestState.CLOSED},
+    RequestState.RESUMING: {RequestState.RESUMING, RequestState.RUNNING, RequestState.FINISHED,
+                            RequestState.CLOSED},  # fmt: skip
+    RequestState.FINISHED: set(),
+    RequestState.CLOSED: set(),
+}
+
+
+@dataclass(eq=False)
 class Generation:
-    """One dispatched sequence; iterate `chunks()`, then `close()` it whatever happened."""
+    """The router's record of one request, across its attempts; iterate `chunks()`, then `close()` it whatever
+    happened. Its state moves only by the transitions above; its current `Attempt` owns the counts it holds
+    on workers (`router.attempt`); the dispatcher owns the flow (routing, handoff, resumes, aborts)."""
 
     request: GenerateRequest  # as the client asked it (a resumed attempt runs `resumed_request` of it)
-    decode: WorkerState
-    prefill: WorkerState | None  # None once its part is over (or when decode prefilled locally)
     outputs: RequestOutputs
     dispatcher: "Dispatcher" = field(repr=False)
-    finished: bool = False
-    closed: bool = False
-    request_id: str = ""  # the current attempt's id (the workers know the request by it)
-    attempt: int = 0  # 0: the first; n: resumed n times
-    resuming: asyncio.Task | None = None
-    prompt_charge: tuple[WorkerState, int] | None = None  # (worker computing its prompt, tokens) until first token
-    failed_steps: int = 0  # workers' steps that failed with it in them (`Dispatcher._given_up`)
+    state: RequestState = RequestState.STARTING
+    attempt: Attempt | None = None  # the current (or last) attempt
+    resumes: int = 0  # attempts after the first
+    task: asyncio.Task | None = None  # the task moving it to workers (STARTING, RESUMING); close() cancels it
+    failed_steps: int = 0  # workers' steps that failed with it in them (`given_up`)
 
-    def __post_init__(self):
-        self.request_id = self.request_id or self.request.request_id
+    @property
+    def request_id(self) -> str:
+        """The current attempt's id (the workers know the request by it)."""
+        return self.attempt.request_id if self.attempt is not None else self.request.request_id
 
-    async def chunks(self) -> AsyncIterator[OutputChunk]:
-        async for chunk in self.outputs.chunks():
-            if chunk.token_ids:
-                self.dispatcher._settle_prompt(self)
-            if self.outputs.attempt_tokens > 1:  # decode made a token: the prompt's KV landed there
-                self.dispatcher._end_prefill_part(self)
-            if chunk.final is not None:
-                self.finished = True
-                self.dispatcher._end_decode_part(self)
-            yield chunk
+    @property
+    def decode(self) -> WorkerState:
+        return self.attempt.decode
 
-    def close(self) -> None:
-        """Idempotent. An unfinished generation (client gone, error) is aborted on both workers."""
-        self.dispatcher._close(self)
+    @property
+    def prefill(self) -> WorkerState | None:
+        """Its prefill worker while that worker's part runs (None once the KV landed, or decode prefills)."""
+        return self.attempt.holding_prefill if self.attempt is not None else None
+
+    @property
+    def finished(self) -> bool:
+        return self.state is RequestState.FINISHED
 
     @property
     def prompt_phases(self):
         """The phases its prefill worker measured (`wire.requests.PhaseTimes`; None: decode prefilled it)."""
         return self.outputs.prompt_phases
+
+    def silent_for(self, now: float) -> float:
+        """How long a running attempt has sent nothing (0: not running; the watchdog reads it)."""
+        return now - self.outputs.last_activity if self.state is RequestState.RUNNING else 0.0
+
+    async def chunks(self) -> AsyncIterator[OutputChunk]:
+        async for chunk in self.outputs.chunks():
+            if chunk.given_up is not None:
+                self._given_up(chunk.given_up)
+            self.attempt.tokens_out(self.outputs.attempt_tokens)
+            if chunk.final is not None:
+                self._end_attempt()
+                self._to(RequestState.FINISHED)
+            if chunk.token_ids or chunk.final is not None or chunk.prompt_logprobs:
+                yield chunk
+
+    def close(self) -> None:
+        """Idempotent. An unfinished request (client gone, error) is aborted on its workers."""
+        if self.state not in (RequestState.FINISHED, RequestState.CLOSED):
+            self.leave_attempt()
+            self._to(RequestState.CLOSED)
+
+    # ---- transitions (the dispatcher's and the watchdog's events) ----------------------------------------
+    def begin_attempt(self, request: GenerateRequest, decode: WorkerState, prefill: WorkerState | None) -> None:
+        """`request` (this one or its continuation) goes to `decode` / `prefill`: counts taken, its deltas
+        routed here, taken only from those workers."""
+        self.attempt = Attempt(request.request_id, decode, prefill, len(request.prompt_token_ids))
+        senders = frozenset(w.name for w in (decode, prefill) if w is not None)
+        self.dispatcher.stream.open(request.request_id, self.outputs, senders)
+
+    def running(self) -> None:
+        self.task = None
+        self._to(RequestState.RUNNING)
+
+    def resuming(self, task: asyncio.Task | None = None) -> None:
+        self.task = task or self.task
+        self._to(RequestState.RESUMING)
+
+    def leave_attempt(self) -> None:
+        """The current attempt is given up: live workers free what they hold of it (an abort), counts go back."""
+        if self.attempt is not None and not self.attempt.ended:
+            self.dispatcher.abort(self.attempt)
+        self._end_attempt()
+
+    def _end_attempt(self) -> None:
+        if self.attempt is not None:
+            self.attempt.end()
+            self.dispatcher.stream.close_request(self.attempt.request_id)
+
+    def _given_up(self, final: TokenDelta) -> None:
+        """Its decode worker ended the attempt without finishing it (a failed step). Once, that is taken for the
+        worker's trouble: the request moves on and the worker is suspect (its heartbeats tell whether every
+        step fails). When a second worker's step fails with it too, the request is the likely cause: it ends
+        (`RequestFailedSteps`, a 400) instead of failing the steps of every worker in turn."""
+        self.failed_steps += 1
+        if self.failed_steps >= STEPS_FAILED_BEFORE_BLAME:
+            raise RequestFailedSteps(f"the steps of {self.failed_steps} workers failed with this request "
+                                     f"in them (last: {final.error}); it is not tried again")  # fmt: skip
+        self.decode.suspect = True
+        self.dispatcher.resume(self, f"worker {self.decode.name} gave it up: {final.error}")
+
+    def _to(self, state: RequestState) -> None:
+        if state not in REQUEST_TRANSITIONS[self.state]:
+            raise RuntimeError(f"request {self.request_id}: no transition {self.state.name} -> {state.name}")
+        self.state = state
+        if state in (RequestState.FINISHED, RequestState.CLOSED):
+            self.dispatcher.active.pop(self.request.request_id, None)
+            if self.task is not None and self.task is not asyncio.current_task():
+                self.task.cancel()  # a resume under way has nothing left to do; its handoff cleans up after itself
 
 
 class Dispatcher:
@@ -108,7 +199,7 @@ class Dispatcher:
         self.colocated, self.timeouts, self.max_resumes = colocated, timeouts, max_resumes
         self.local_prefill = local_prefill
         self.on_local_prefill = on_local_prefill  # told why, each time decode prefills for want of prefill
-        self.active: dict[str, Generation] = {}
+        self.active: dict[str, Generation] = {}  # by the request's first id, until it finishes or is closed
         self._ids = itertools.count()
         self._id_prefix = f"r{os.getpid():x}"
         self._background: set[asyncio.Task] = set()  # aborts in flight, kept referenced until done
@@ -125,16 +216,19 @@ class Dispatcher:
         decode, prefill = self._route(prompt_ids)
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         request = GenerateRequest(request_id, tuple(prompt_ids), sampling, self.stream.address)
-        gen = Generation(request, decode, prefill, self.stream.open(request_id), self)
-        gen.outputs.on_given_up = lambda final: self._given_up(gen, final)
+        gen = Generation(request, RequestOutputs(), self, task=asyncio.current_task())
         self.active[request_id] = gen
-        gen.resuming = asyncio.current_task()  # a worker dying under this handoff is dealt with here
         try:
-            failed = await self._attempt(gen, request)
+            failed = await self._attempt(gen, request, decode, prefill)
             if failed is not None:
                 await self._resume(gen, failed, raise_failure=True)
+            else:
+                gen.running()
+        except BaseException:
+            gen.close()
+            raise
         finally:
-            gen.resuming = None
+            gen.task = None
         return gen
 
     def _route(self, tokens: Sequence[int]) -> tuple[WorkerState, WorkerState | None]:
@@ -148,86 +242,44 @@ class Dispatcher:
             self.on_local_prefill(why)
         return decode, prefill
 
-    async def _attempt(self, gen: Generation, request: GenerateRequest) -> WorkerState | None:
+    async def _attempt(self, gen: Generation, request: GenerateRequest, decode: WorkerState,
+                       prefill: WorkerState | None) -> WorkerState | None:  # fmt: skip
         """Hand `request` (an attempt of `gen`) to its workers; the worker that failed it (a call failed, or
-        it was marked dead meanwhile), or None when it started. Raises what is the request's own failure."""
-        workers = [w for w in (gen.decode, gen.prefill) if w is not None]
+        it was marked dead meanwhile), or None when it started. Raises what is the request's own failure;
+        on any failure the attempt holds nothing."""
+        gen.begin_attempt(request, decode, prefill)
+        workers = [w for w in (decode, prefill) if w is not None]
         try:
             # No prefill worker given: decode prefills the prompt whatever its local_prefill_threshold.
-            await self._hand_off(gen, dataclasses.replace(request, local_prefill=gen.prefill is None))
+            reservation = await start_request(dataclasses.replace(request, local_prefill=prefill is None),
+                                              decode.endpoint, prefill.endpoint if prefill else None,
+                                              self.timeouts)  # fmt: skip
         except WorkerFailed as failure:
+            gen.leave_attempt()
             return next((w for w in workers if w.name == failure.worker), workers[0])
-        return next((w for w in (gen.decode, gen.prefill) if w is not None and not w.alive), None)
-
-    async def _hand_off(self, gen: Generation, request: GenerateRequest) -> None:
-        """Start `request` (an attempt of `gen`) on `gen.decode` / `gen.prefill`; on failure nothing is held."""
-        gen.decode.in_flight += 1
-        if gen.prefill is not None:
-            gen.prefill.in_flight += 1
-        gen.outputs.senders = frozenset(w.name for w in (gen.decode, gen.prefill) if w is not None)
-        self._charge_prompt(gen, gen.prefill or gen.decode, len(request.prompt_token_ids))
-        try:
-            reservation = await start_request(
-                request, gen.decode.endpoint, gen.prefill.endpoint if gen.prefill else None, self.timeouts
-            )
         except BaseException:
-            gen.close()  # a cancelled handoff may have left a reservation behind: abort it
+            gen.leave_attempt()  # a cancelled handoff may have left a reservation behind: abort it
             raise
         if reservation.prefill_locally:
-            self._end_prefill_part(gen)
-            self._charge_prompt(gen, gen.decode, len(request.prompt_token_ids))
+            gen.attempt.prefill_locally()
+        return next((w for w in gen.attempt.workers if not w.alive), None)
 
     def prompt_workers(self) -> list[WorkerState]:
         """The workers a new prompt may be computed on: the prefill pool, or decode when none (colocated)."""
         prefill = [] if self.colocated else self.registry.pickable("prefill")
         return prefill or self.registry.pickable("decode")
 
-    def _charge_prompt(self, gen: Generation, worker: WorkerState, tokens: int) -> None:
-        self._settle_prompt(gen)
-        worker.prompt_tokens_queued += tokens
-        gen.prompt_charge = (worker, tokens)
-
-    @staticmethod
-    def _settle_prompt(gen: Generation) -> None:
-        """Its prompt is computed (its first token came) or given up: the charge goes back, once."""
-        if gen.prompt_charge is not None:
-            worker, tokens = gen.prompt_charge
-            worker.prompt_tokens_queued -= tokens
-            gen.prompt_charge = None
-
-    def _end_prefill_part(self, gen: Generation) -> None:
-        if gen.prefill is not None:
-            gen.prefill.in_flight -= 1
-            gen.prefill = None
-
-    def _end_decode_part(self, gen: Generation) -> None:
-        self._end_prefill_part(gen)  # a final delta means prefill's part is long over
-        self._settle_prompt(gen)
-        if not gen.closed:
-            gen.decode.in_flight -= 1
-            gen.closed = True
-            self.active.pop(gen.request_id, None)
-            self.stream.close_request(gen.request_id)
-
-    def _close(self, gen: Generation) -> None:
-        if gen.resuming is not None and gen.resuming is not asyncio.current_task():
-            gen.resuming.cancel()  # its handoff cleans up after itself
-        if gen.closed:
-            return
-        prefill = gen.prefill
-        if not gen.finished:
-            self._abort(gen.request_id, gen.decode, prefill)
-        self._end_decode_part(gen)
-
-    def _abort(self, request_id: str, decode: WorkerState, prefill: WorkerState | None) -> None:
-        """Fire and forget: the caller may be a cancelled task, which cannot await any more."""
+    def abort(self, attempt: Attempt) -> None:
+        """Fire and forget an abort to the live workers still holding part of `attempt` (the caller may be a
+        cancelled task, which cannot await any more)."""
+        decode, prefill = attempt.decode, attempt.holding_prefill
         decode_ep = decode.endpoint if decode.alive else None
         prefill_ep = prefill.endpoint if prefill is not None and prefill.alive else None
         if decode_ep is None and prefill_ep is None:
             return
         if decode_ep is None:  # decode died: the prefill worker may still hold the prompt's blocks
             decode_ep, prefill_ep = prefill_ep, None
-        task = asyncio.get_running_loop().create_task(abort_request(request_id, decode_ep, prefill_ep))
+        task = asyncio.get_running_loop().create_task(abort_request(attempt.request_id, decode_ep, prefill_ep))
         self._background.add(task)
         task.add_done_callback(self._abort_done)
 
@@ -237,31 +289,18 @@ class Dispatcher:
             logger.warning("a request could not be aborted: %s", task.exception())
 
     def _fail_requests_of(self, worker: WorkerState) -> None:
-        """A worker died: resume every request it held (decode: always; prefill: until its KV landed on decode)."""
+        """A worker died: resume every running request it held (decode: always; prefill: until its KV landed
+        on decode). One starting or resuming finds out when its handoff ends (`_attempt`)."""
         for gen in list(self.active.values()):
-            if (gen.decode is worker or gen.prefill is worker) and gen.resuming is None:
-                gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, worker))
-
-    def _given_up(self, gen: Generation, final: TokenDelta) -> None:
-        """Its decode worker ended the request without finishing it (a failed step). Once, that is taken for
-        the worker's trouble: the request moves on and the worker is suspect (its heartbeats tell whether
-        every step fails). When a second worker's step fails with it too, the request is the likely cause:
-        it ends (`RequestFailedSteps`, a 400) instead of failing the steps of every worker in turn."""
-        gen.failed_steps += 1
-        if gen.failed_steps >= STEPS_FAILED_BEFORE_BLAME:
-            self._leave_workers(gen)
-            gen.outputs.put(RequestFailedSteps(f"the steps of {gen.failed_steps} workers failed with this request "
-                                               f"in them (last: {final.error}); it is not tried again"))  # fmt: skip
-            return
-        gen.decode.suspect = True
-        self.resume(gen, f"worker {gen.decode.name} gave it up: {final.error}")
+            if gen.state is RequestState.RUNNING and any(w is worker for w in gen.attempt.workers):
+                gen.resuming(asyncio.get_running_loop().create_task(self._resume(gen, worker)))
 
     def resume(self, gen: Generation, why: str, failure: type[StreamFailed] = StreamFailed) -> None:
-        """Move `gen` to other workers now (its workers are fine as far as anyone can tell: the watchdog);
-        when its resumes are spent it ends with `failure(why ...)`."""
-        if gen.resuming is None and not gen.closed:
-            gen.resuming = asyncio.get_running_loop().create_task(self._resume(gen, gen.decode, why=why,
-                                                                               failure=failure))  # fmt: skip
+        """Move a running `gen` to other workers now (its workers are fine as far as anyone can tell: the
+        watchdog); when its resumes are spent it ends with `failure(why ...)`."""
+        if gen.state is RequestState.RUNNING:
+            gen.resuming(asyncio.get_running_loop().create_task(self._resume(gen, gen.decode, why=why,
+                                                                             failure=failure)))  # fmt: skip
 
     async def _resume(self, gen: Generation, failed: WorkerState, raise_failure: bool = False, why: str = "",
                       failure: type[StreamFailed] = StreamFailed) -> None:  # fmt: skip
@@ -270,46 +309,38 @@ class Dispatcher:
         try:
             while True:
                 reason = why or f"worker {failed.name} failed"
-                if gen.attempt >= self.max_resumes:
-                    raise failure(f"{reason}; the request was resumed {gen.attempt} times already")
-                self._leave_workers(gen)
-                gen.attempt += 1
+                gen.leave_attempt()
+                if gen.resumes >= self.max_resumes:
+                    raise failure(f"{reason}; the request was resumed {gen.resumes} times already")
+                gen.resuming()
+                gen.resumes += 1
                 if self.registry.pickable("decode") and not self.registry.trusted("decode"):
-                    await asyncio.sleep(SUSPECT_POOL_PAUSE_S * gen.attempt)  # closed meanwhile: cancelled here
-                request = resumed_request(gen.request, gen.outputs.delivered, gen.attempt)
+                    await asyncio.sleep(SUSPECT_POOL_PAUSE_S * gen.resumes)  # closed meanwhile: cancelled here
+                request = resumed_request(gen.request, gen.outputs.delivered, gen.resumes)
                 gen.outputs.restart()
                 if request is None:  # every allowed token was handed out: only the final delta was lost
                     gen.outputs.put(self._length_final(gen))
                     return
                 try:
-                    gen.decode, gen.prefill = self._route(request.prompt_token_ids)
+                    decode, prefill = self._route(request.prompt_token_ids)
                 except Exception as err:
                     raise StreamFailed(f"{reason} and the request cannot be resumed: {err}") from err
-                gen.request_id, gen.closed = request.request_id, False
-                self.active[request.request_id] = gen
-                self.stream.open(request.request_id, gen.outputs)
-                logger.warning("resuming %s on %s after %s", request.request_id, gen.decode.name, reason)
+                logger.warning("resuming %s on %s after %s", request.request_id, decode.name, reason)
                 try:
-                    now_failed = await self._attempt(gen, request)
+                    now_failed = await self._attempt(gen, request, decode, prefill)
                 except Exception as err:  # the request's own failure there (decode full...): try again
                     logger.warning("resuming %s failed: %s", request.request_id, err)
                     continue
                 if now_failed is None:
-                    return
+                    return gen.running()
                 failed, why = now_failed, ""
         except StreamFailed as failure:
             if raise_failure:
-                self._leave_workers(gen)
                 raise
             gen.outputs.put(failure)
         finally:
-            gen.resuming = None
-
-    def _leave_workers(self, gen: Generation) -> None:
-        """The current attempt is given up: live workers free what they hold of it; counts given back."""
-        if not gen.closed:
-            self._abort(gen.request_id, gen.decode, gen.prefill)
-        self._end_decode_part(gen)
+            if gen.task is asyncio.current_task():
+                gen.task = None
 
     @staticmethod
     def _length_final(gen: Generation) -> TokenDelta:

@@ -31,19 +31,14 @@ What it does not:
 
 from __future__ import annotations
 
-import dataclasses
-
 from wire.requests import GenerateRequest
 
 
 def resumed_request(original: GenerateRequest, delivered: list[int], attempt: int) -> GenerateRequest | None:
     """The request that continues `original` after `delivered` tokens; None if no token is left to make."""
-    s = original.sampling
-    left = None if s.max_tokens is None else s.max_tokens - len(delivered)
-    if left is not None and left <= 0:
+    sampling = original.sampling.continued(len(delivered))
+    if sampling is None:
         return None
-    sampling = dataclasses.replace(s, max_tokens=left, min_tokens=max(0, s.min_tokens - len(delivered)),
-                                   resumed_output_tokens=s.resumed_output_tokens + len(delivered))  # fmt: skip
     return GenerateRequest(
         f"{original.request_id}.{attempt}",
         original.prompt_token_ids + tuple(delivered),

@@ -17,8 +17,11 @@ the tokens come out as one stream and the text made of them
 
 With a cluster key, the socket admits only registered workers' sender keys
 (`senders`, wire.socket_security), and a delta is taken only from a worker the
-request's current attempt runs on (`RequestOutputs.senders`): a worker cannot
+request's current attempt runs on (the `senders` it was opened with): a worker cannot
 write into a stream it was not given. Others are refused (`wrong_sender`).
+
+`RequestOutputs` is only the reorder buffer: what a request's attempts and
+their workers are is the dispatcher's record (`router.dispatch.Generation`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ class OutputChunk:
     num_cached_tokens: int = 0
     # The prompt's logprobs (first entry None), on the chunk that first has them, when asked for.
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
+    # A `resumable` final delta: the attempt's worker gave the request up (the stream goes on once the
+    # dispatcher starts another attempt and `restart()`s it).
+    given_up: TokenDelta | None = None
 
 
 class RequestOutputs:
@@ -76,13 +82,8 @@ class RequestOutputs:
         self._prompt_logprobs_taken = False
         self.delivered: list[int] = []  # every token id handed out, in order
         self.prompt_phases: PhaseTimes | None = None  # the current attempt's prefill worker's (router.phases)
-        self.last_activity = time.monotonic()  # when a delta last arrived (the watchdog reads it)
-        # Called (on the consumer's task) with a `resumable` final delta instead of ending the stream:
-        # its worker gave the request up, and the dispatcher moves it to another.
-        self.on_given_up = None
-        # Names of the workers whose deltas it takes (the current attempt's; set by the dispatcher at
-        # each handoff); None: any admitted sender's.
-        self.senders: frozenset[str] | None = None
+        self.last_activity = time.monotonic()  # when a delta last arrived, or the attempt began
+        self._given_up: TokenDelta | None = None  # the current attempt's, until handed out
 
     @property
     def attempt_tokens(self) -> int:
@@ -98,6 +99,7 @@ class RequestOutputs:
         self._attempt += 1
         self._tokens.clear()
         self._final = None
+        self._given_up = None
         self.prompt_phases = None
         self._offset = self._next
         self.last_activity = time.monotonic()
@@ -110,7 +112,7 @@ class RequestOutputs:
             while not self._queue.empty():
                 self._add(*self._queue.get_nowait())
             chunk = self._take_ready()
-            if chunk.token_ids or chunk.final is not None or chunk.prompt_logprobs:
+            if chunk.token_ids or chunk.final is not None or chunk.prompt_logprobs or chunk.given_up:
                 yield chunk
             if chunk.final is not None:
                 return
@@ -131,22 +133,11 @@ class RequestOutputs:
         if item.phases is not None and not item.finished:  # the prefill worker's, with the first token
             self.prompt_phases = item.phases
         if item.num_prompt_tokens:  # prefill's first-token delta counts nothing
-            self._num_cached = self._as_whole_request(item).num_cached_tokens
-        if item.finished and item.resumable and self.on_given_up is not None:
-            self.on_given_up(item)  # restarts this stream for the next attempt
+            self._num_cached = item.shifted(self._offset).num_cached_tokens
+        if item.finished and item.resumable:
+            self._given_up = item
         elif item.finished:
-            self._final = self._as_whole_request(item)
-
-    def _as_whole_request(self, final: TokenDelta) -> TokenDelta:
-        """A resumed attempt's counts, as if the request had run in one piece."""
-        if not self._offset:
-            return final
-        return dataclasses.replace(
-            final, first_index=final.first_index + self._offset,
-            num_prompt_tokens=final.num_prompt_tokens - self._offset,
-            num_output_tokens=final.num_output_tokens + self._offset,
-            num_cached_tokens=min(final.num_cached_tokens, final.num_prompt_tokens - self._offset),
-        )  # fmt: skip
+            self._final = item.shifted(self._offset)
 
     def _take_ready(self) -> OutputChunk:
         chunk = OutputChunk([], num_cached_tokens=self._num_cached)
@@ -156,6 +147,7 @@ class RequestOutputs:
             if logprob is not None:
                 chunk.logprobs.append(logprob)
             self._next += 1
+        chunk.given_up, self._given_up = self._given_up, None
         if self._prompt_logprobs and not self._prompt_logprobs_taken:
             chunk.prompt_logprobs, self._prompt_logprobs_taken = self._prompt_logprobs, True
         self.delivered += chunk.token_ids
@@ -176,7 +168,7 @@ class TokenStreamConsumer:
                  senders: Callable[[str], str | None] = lambda public_key: None):  # fmt: skip
         self._bind_address, self._key, self._senders = address, key or process_key(), senders
         self.address = ""
-        self._requests: dict[str, RequestOutputs] = {}
+        self._requests: dict[str, tuple[RequestOutputs, frozenset[str] | None]] = {}  # by attempt id
         self._sock: zmq.Socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -192,18 +184,21 @@ class TokenStreamConsumer:
         self._loop.add_reader(self._sock.FD, self._read)
         self._loop.call_soon(self._read)  # ZMQ's FD signals changes: read what came before
 
-    def open(self, request_id: str, outputs: RequestOutputs | None = None) -> RequestOutputs:
-        """Route `request_id`'s deltas to `outputs` (a new one unless a resumed request brings its own)."""
-        outputs = self._requests[request_id] = outputs or RequestOutputs()
+    def open(self, request_id: str, outputs: RequestOutputs | None = None,
+             senders: frozenset[str] | None = None) -> RequestOutputs:  # fmt: skip
+        """Route `request_id`'s deltas to `outputs` (a new one unless a resumed request brings its own), taken
+        only from the workers named in `senders` (None: any admitted sender)."""
+        outputs = outputs or RequestOutputs()
+        self._requests[request_id] = (outputs, senders)
         return outputs
 
     def close_request(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
     def fail(self, request_id: str, reason: str) -> None:
-        outputs = self._requests.get(request_id)
-        if outputs is not None:
-            outputs.put(StreamFailed(reason))
+        route = self._requests.get(request_id)
+        if route is not None:
+            route[0].put(StreamFailed(reason))
 
     def _read(self) -> None:
         while self._sock is not None:
@@ -216,11 +211,12 @@ class TokenStreamConsumer:
             except DecodeError as err:
                 refuse("token_stream", err.reason, err)
                 continue
-            outputs = self._requests.get(delta.request_id)
-            if outputs is None:
+            route = self._requests.get(delta.request_id)
+            if route is None:
                 continue
+            outputs, senders = route
             sender = self._sender_of(frame)
-            if outputs.senders is not None and sender is not None and sender not in outputs.senders:
+            if senders is not None and sender is not None and sender not in senders:
                 refuse("token_stream", "wrong_sender", f"{sender} sent a delta of {delta.request_id}")
                 continue
             outputs.put(delta)

@@ -51,12 +51,6 @@ class ToolUse:
             return "json", json.dumps({"type": "array", **one_or_more, "items": {"anyOf": calls}})
         return None
 
-    @property
-    def streams_text(self) -> bool:
-        """Whether output text can be streamed as it comes (content, or a named call's arguments); otherwise
-        it is held until the choice ends, when it is parsed into calls."""
-        return self.mode in ("none", "named")
-
     def calls_in(self, text: str) -> tuple[str | None, list[dict]]:
         """(content, tool_calls in OpenAI's shape) of a finished choice's text."""
         if self.mode == "named":

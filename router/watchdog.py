@@ -28,14 +28,11 @@ class RequestTimedOut(StreamFailed):
 
 
 def resume_silent_requests(dispatcher: Dispatcher, limit_s: float, now: float | None = None) -> list[str]:
-    """Resume every request silent for `limit_s` (or end it, its resumes spent); return their ids."""
+    """Resume every running request silent for `limit_s` (or end it, its resumes spent); return their ids."""
     now = time.monotonic() if now is None else now
-    silent = [
-        gen for gen in list(dispatcher.active.values())
-        if gen.resuming is None and not gen.closed and now - gen.outputs.last_activity > limit_s
-    ]  # fmt: skip
+    silent = [gen for gen in list(dispatcher.active.values()) if gen.silent_for(now) > limit_s]
     for gen in silent:
-        why = f"no token for {limit_s:g}s from workers {_names(gen)}"
+        why = f"no token for {limit_s:g}s from workers {', '.join(w.name for w in gen.attempt.workers)}"
         logger.warning("request %s: %s", gen.request_id, why)
         dispatcher.resume(gen, why, RequestTimedOut)
     return [gen.request_id for gen in silent]
@@ -47,6 +44,3 @@ async def watch(dispatcher: Dispatcher, limit_s: float) -> None:
         await asyncio.sleep(max(0.05, limit_s / 4))
         resume_silent_requests(dispatcher, limit_s)
 
-
-def _names(gen) -> str:
-    return ", ".join(w.name for w in (gen.decode, gen.prefill) if w is not None)

@@ -47,7 +47,8 @@ class LoopWorker(Protocol):
     def next_deadline(self) -> float | None:
         """Monotonic time of its next timer; None: none."""
 
-    def check_deadlines(self) -> None: ...
+    def check_deadlines(self, now: float | None = None) -> None:
+        """End what is overdue at `now` (monotonic seconds; None: now): tests pass a time instead of sleeping."""
 
     def snapshot(self) -> LoopSnapshot: ...
 
@@ -172,7 +173,7 @@ class CallsOnlyWorker:
     def next_deadline(self) -> float | None:
         return None
 
-    def check_deadlines(self) -> None:
+    def check_deadlines(self, now: float | None = None) -> None:
         pass
 
     def snapshot(self) -> LoopSnapshot:

@@ -23,7 +23,7 @@ import time
 from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ReportTo, ShardEnded
 from wire.push_pull import PullSocket, Pushers
 
-logger = logging.getLogger("tandem.kvtransfer")
+logger = logging.getLogger("tandem.runtime")
 
 CONTROL_MESSAGES = (ReportTo, ExpectShard, DropShard)
 

@@ -1,39 +1,70 @@
-"""What both roles' loop workers share: one record per request, moved only by a transition table.
+"""What both roles' loop workers share: one record per request, moved only by a transition table, and the
+protocol around it that is the same for prefill and decode.
 
 A role's worker keeps `records` (request id -> its record, which has a `phase`)
-and a class-level `transitions` table, (phase, event) -> the name `n` of its
-method `_to_n(record, event, **facts)`. `on(request_id, event, ...)` is the
-only way a record changes phase: an event its phase does not list is late news
-(a KV chunk after an abort, a transfer's end after a failure) and is ignored,
-so every failure path is one table entry. Calls from the router or a lifecycle
-caller arrive as `Call`s and go to the method their name says (`calls`).
-A worker holds its requests for the router under a `lease` (`runtime.router_lease`):
-when the router stops calling, every record gets the role's `abort_event`.
+and a class-level `transitions` table, (phase, event) -> the role's method
+`(self, record, event, reason=..., **facts)` that makes the transition.
+`on(request_id, event, ...)` is the only way a record changes phase: an event
+its phase does not list is late news (a KV chunk after an abort, a transfer's
+end after a failure) and is ignored, so every failure path is one table entry.
+Calls from the router or a lifecycle caller arrive as `Call`s and go to the
+method their name says (`calls`). A worker holds its requests for the router
+under a `lease` (`runtime.router_lease`): when the router stops calling, every
+record gets the role's `abort_event`.
+
+Shared here, once: the router's abort, attaching the follower ranks, when the
+loop may step (`runtime.arrival_window`) and its next timer, a step whose
+failure ends its requests (`step_failed_event` each), overdue records
+(`overdue`, the role's event and reason for each), and the release of a
+request's blocks by every rank that may touch them: `start_release` asks this
+rank's I/O thread and each follower to let go, `let_go` counts their
+acknowledgements (a follower that does not answer within the ack timeout is
+logged and let go of, `ack_timeout_event`).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Callable
 
+from engine.llm_engine import EngineStepError, LLMEngine
+from engine.outputs import RequestOutput
+from runtime.arrival_window import ArrivalWindow
 from runtime.control_service import Call
-from runtime.load_board import LoopSnapshot
-from runtime.router_lease import RouterLease
+from runtime.load_board import LoadBoard, LoopSnapshot
+from runtime.rank_links import RankLinks
+from runtime.router_lease import RouterLease, due
+from runtime.worker_config import WorkerConfig
+from wire.codec import decode
+from wire.ranks import DropShard, RankEndpoint
+
+logger = logging.getLogger("tandem.worker")
 
 
 class RequestTable:
-    transitions: dict = {}  # (phase, event) -> transition name (a role's records module)
-    abort_event = None  # the role's event that ends a record on the router's behalf
-    lease: RouterLease  # set by the role's worker
+    transitions: dict = {}  # (phase, event) -> the role's transition method
+    abort_event = step_failed_event = ack_timeout_event = None  # the role's events of those names
 
-    def __init__(self):
+    def __init__(self, engine: LLMEngine, config: WorkerConfig, io, board: LoadBoard, control_address: str = ""):
+        """`io`: the I/O thread (anything with `post(command)`), owned and closed by the worker; `control_address`:
+        where the router calls it (its I/O thread's control socket)."""
+        self.engine, self.config, self.io, self.board = engine, config, io, board
+        self.control_address = control_address
+        self.tp_size = engine.config.parallel.tp_size
+        self.ranks: RankLinks | None = None  # tensor parallel: links to the follower ranks
         self.records: dict = {}  # insertion order: oldest first
-        self.calls: dict[str, Callable[[Call], None]] = {"is_clean": self.is_clean}
+        self.lease = RouterLease(board, config.router_lease_s)
+        self.window = ArrivalWindow(config.arrival_window)  # holds an idle engine's first step for a burst
+        self.calls: dict[str, Callable[[Call], None]] = {
+            "is_clean": self.is_clean, "abort": self.abort, "attach_followers": self.attach_followers,
+        }  # fmt: skip
 
     def on(self, request_id: str, event, reason: str = "", **facts) -> None:
         record = self.records.get(request_id)
-        name = self.transitions.get((record.phase, event)) if record is not None else None
-        if name is not None:  # else late news for a phase that no longer cares
-            getattr(self, f"_to_{name}")(record, event, reason=reason, **facts)
+        transition = self.transitions.get((record.phase, event)) if record is not None else None
+        if transition is not None:  # else late news for a phase that no longer cares
+            transition(self, record, event, reason=reason, **facts)
 
     def take_call(self, call: Call) -> None:
         try:
@@ -41,14 +72,66 @@ class RequestTable:
         except Exception as err:  # ValueError: the caller's fault; anything else a bug the caller hears of
             call.answer(None, err)
 
-    def next_deadline(self) -> float | None:
-        return self.lease.next_deadline(self.records.values())
+    def abort(self, call: Call) -> None:
+        self.on(call.arg, self.abort_event, "aborted by the client")
+        call.answer(None)
 
-    def end_all_if_router_gone(self, now: float) -> None:
-        """The router has not called for the lease's length: nobody waits for what we hold."""
+    def attach_followers(self, call: Call) -> None:
+        """Tensor parallel: reach the follower ranks (`RankEndpoint`s, encoded), one for each of ranks 1..tp-1."""
+        ranks = [decode(e, RankEndpoint) for e in call.arg]
+        if sorted(r.rank for r in ranks) != list(range(1, self.tp_size)):
+            raise ValueError(f"expected endpoints of ranks 1..{self.tp_size - 1}, got {[r.rank for r in ranks]}")
+        self.ranks = RankLinks(ranks, self.config.rank_ack_timeout_s, self.config.bind_address)
+        call.answer(None)
+
+    # ---- the loop's (runtime.loop.LoopWorker) -------------------------------------------
+    def has_work(self) -> bool:
+        return self.window.lets_step(self.engine)
+
+    def next_deadline(self) -> float | None:
+        return self.window.deadline(self.lease.next_deadline(self.records.values()))
+
+    def engine_step(self) -> list[RequestOutput] | None:
+        """One engine step's outputs; None when it failed (the engine ended those requests and freed what they
+        held; each record hears `step_failed_event`)."""
+        try:
+            return self.engine.step()
+        except EngineStepError as err:
+            for request_id in err.request_ids:
+                self.on(request_id, self.step_failed_event, str(err))
+            return None
+
+    def check_deadlines(self, now: float | None = None) -> None:
+        """End what is overdue at `now` (monotonic seconds; None: now): everything once the router is gone."""
+        now = time.monotonic() if now is None else now
         if self.records and self.lease.expired(now):
             for request_id in list(self.records):
                 self.on(request_id, self.abort_event, self.lease.reason)
+        for record in due(self.records.values(), now):
+            self.on(record.request_id, *self.overdue(record))
+
+    def overdue(self, record) -> tuple[object, str]:
+        """The event a record past its deadline gets, and why (the role's)."""
+        raise NotImplementedError
+
+    # ---- releasing a request's blocks: every rank lets go first ---------------------------
+    def start_release(self, record, command, reason: str) -> None:
+        """Ask everyone who may still touch `record`'s blocks to let go: this rank's I/O thread (`command`) and
+        each follower rank (DropShard); each answers with the role's release event (`let_go`)."""
+        record.holders = {0, *(self.ranks.ranks if self.ranks is not None else ())}
+        record.deadline = time.monotonic() + self.config.rank_ack_timeout_s
+        self.io.post(command)
+        if self.ranks is not None:
+            self.ranks.tell(DropShard(record.request_id, reason))
+
+    def let_go(self, record, event, reason: str, rank: int | None) -> bool:
+        """`rank` let go of `record`'s blocks (or the acks timed out: every holder is let go of, logged); True once
+        nobody holds them: they may go back to the pool."""
+        if event is self.ack_timeout_event:
+            logger.error("freeing the blocks of %s anyway: %s", record.request_id, reason)
+            record.holders.clear()
+        record.holders.discard(rank)
+        return not record.holders
 
     def is_clean(self, call: Call) -> None:
         snap = self.snapshot()

@@ -19,7 +19,7 @@ from wire.codec import DecodeError, decode, encode
 from wire.requests import TokenDelta
 from wire.socket_security import bind_secured, connect_secured, refuse, sender_keypair
 
-logger = logging.getLogger("tandem.kvtransfer")
+logger = logging.getLogger("tandem.wire")
 
 
 class Pushers:

@@ -9,7 +9,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TypeVar
+
 from wire.codec import message
+
+S = TypeVar("S")
 
 
 @message
@@ -35,6 +40,12 @@ class SamplingSpec:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
     structured: tuple[str, str] | None = None  # (kind, spec): the grammar the output must match
     resumed_output_tokens: int = 0  # the prompt's last N tokens are output of an earlier attempt
+
+    def continued(self, done: int) -> SamplingSpec | None:
+        """The sampling of the same request once `done` of its output tokens were made (they become the end
+        of the next attempt's prompt): what is left of max_tokens and min_tokens; None when no token is left
+        to make. The one rule for a resumed request (`router.migration`) and a recompute on decode."""
+        return continued(self, done)
 
 
 @message
@@ -142,6 +153,18 @@ class TokenDelta:
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     phases: PhaseTimes | None = None  # the prefill worker's with the first token, decode's with the final delta
 
+    def shifted(self, done: int) -> TokenDelta:
+        """This delta of an attempt that continues after `done` output tokens (its prompt ends with them),
+        numbered as the whole request: its output indices and counts move past them. Its prompt logprobs
+        would score those tokens as prompt, so they go (the request's own came with its first attempt)."""
+        if not done:
+            return self
+        return dataclasses.replace(
+            self, first_index=self.first_index + done, num_prompt_tokens=self.num_prompt_tokens - done,
+            num_output_tokens=self.num_output_tokens + done,
+            num_cached_tokens=min(self.num_cached_tokens, self.num_prompt_tokens - done), prompt_logprobs=(),
+        )  # fmt: skip
+
 
 @message
 class WorkerLoad:
@@ -173,3 +196,12 @@ class WorkerLoad:
     # What its internal sockets refused since start (`wire.socket_security.refusals`): (socket kind, reason,
     # count) rows, exported on the router's /metrics under this worker's name.
     refused: tuple[tuple[str, str, int], ...] = ()
+
+
+def continued(sampling: S, done: int) -> S | None:
+    """`SamplingSpec.continued`, for any sampling of the same field names (the engine's `SamplingParams` too)."""
+    left = None if sampling.max_tokens is None else sampling.max_tokens - done
+    if left is not None and left <= 0:
+        return None
+    return dataclasses.replace(sampling, max_tokens=left, min_tokens=max(0, sampling.min_tokens - done),
+                               resumed_output_tokens=sampling.resumed_output_tokens + done)  # fmt: skip

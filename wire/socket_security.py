@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-logger = logging.getLogger("tandem.kvtransfer")
+logger = logging.getLogger("tandem.wire")
 
 ENV_VAR = "TANDEM_CLUSTER_KEY"
 SMALL_MESSAGE_BYTES = 4 << 20  # control messages and token deltas (msgpack headers, never tensors)

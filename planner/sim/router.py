@@ -4,13 +4,14 @@ handoff of `router.dispatch` / `router.handoff` replayed on simulated time.
     arrival (+ request_s: HTTP, tokenize)
       admit: max_in_flight sequences, else refused (429); the TTFT prediction, else refused (429)
       route: decode by `registry.pick_decode`, prefill by `router.local_prefill.choose_prefill` (none: colocated,
-             or decode prefills it itself); in_flight += 1 on each; the prompt charged to its computer
+             or decode prefills it itself); the counts it holds on them kept by `router.attempt.Attempt`,
+             as the real dispatcher keeps them
       reserve on decode (a hop each way); refused while full: again every `reserve_retry_s` until
              `reserve_wait_s`, then the request fails; prefill_locally: prefill's part is over at once
       PrefillTask to the prefill worker (a hop)
     token deltas (a hop from the worker, + per_delta_s to the client)
       the first token settles the prompt's charge; decode's first token, or the final one, ends prefill's part
-      the final delta ends decode's part: its in_flight -= 1
+      the final delta ends decode's part
 
 Loads: every `load_refresh_s` each worker's last published `WorkerLoad` is read, as the router's polls do.
 Workers never die here: resumes and liveness have nothing to do.
@@ -24,6 +25,7 @@ from planner.layout import RouterKnobs
 from planner.sim.events import EventQueue
 from planner.sim.messages import Prefill, Refused, Reserve, Reserved
 from planner.sim.worker import SimWorker
+from router.attempt import Attempt
 from router.local_prefill import choose_prefill
 from router.policy import make_decode_policy, make_policy
 from router.registry import WorkerRegistry
@@ -62,12 +64,13 @@ class Dispatch:
     """The router's record of one dispatched request: where it runs and what it holds on each worker."""
 
     client: ClientRequest
-    request_id: str
-    decode: WorkerState
-    prefill: WorkerState | None
+    attempt: Attempt  # its workers and the counts it holds on them
     started_at: float
-    charge: tuple[WorkerState, int] | None = None
     tokens: int = 0  # delivered so far
+
+    @property
+    def request_id(self) -> str:
+        return self.attempt.request_id
 
 
 class SimRouter:
@@ -115,13 +118,9 @@ class SimRouter:
         if not self.colocated:
             prefill, _ = choose_prefill(self.registry, self.knobs.local_prefill, client.prompt, decode)
         self._ids += 1
-        d = Dispatch(client, f"sim-{self._ids}", decode, prefill, self.events.now)
+        d = Dispatch(client, Attempt(f"sim-{self._ids}", decode, prefill, len(client.prompt)), self.events.now)
         self.active[d.request_id] = d
         self.sequences_in_flight += 1
-        decode.in_flight += 1
-        if prefill is not None:
-            prefill.in_flight += 1
-        self._charge(d, prefill or decode)
         self._reserve(d)
 
     def _prompt_workers(self) -> list[WorkerState]:
@@ -129,8 +128,8 @@ class SimRouter:
         return prefill or self.registry.pickable("decode")
 
     def _reserve(self, d: Dispatch) -> None:
-        message = Reserve(d.request_id, d.client.prompt, d.client.output_len, local_prefill=d.prefill is None)
-        self.events.after(self.serving.message_s, self.workers[d.decode.name].post, message)
+        message = Reserve(d.request_id, d.client.prompt, d.client.output_len, local_prefill=d.attempt.prefill is None)
+        self.events.after(self.serving.message_s, self.workers[d.attempt.decode.name].post, message)
 
     def reserved(self, request_id: str, reply) -> None:
         """Decode's answer to a reserve arrives."""
@@ -142,11 +141,10 @@ class SimRouter:
             return self._fail(d, f"decode refused it: {reply.reason}")
         assert isinstance(reply, Reserved)
         if reply.prefill_locally:
-            self._end_prefill_part(d)
-            return self._charge(d, d.decode)
-        task = Prefill(request_id, d.client.prompt, d.client.output_len, self.workers[d.decode.name],
+            return d.attempt.prefill_locally()
+        task = Prefill(request_id, d.client.prompt, d.client.output_len, self.workers[d.attempt.decode.name],
                        reply.uncached_tokens)  # fmt: skip
-        self.events.after(self.serving.message_s, self.workers[d.prefill.name].post, task)
+        self.events.after(self.serving.message_s, self.workers[d.attempt.prefill.name].post, task)
 
     # ---- tokens out -------------------------------------------------------------------
     def deltas(self, deltas: list[tuple[str, int, bool]]) -> None:
@@ -158,42 +156,18 @@ class SimRouter:
         """A worker's token delta arrives; the client sees it `per_delta_s` later."""
         d = self.active[request_id]
         if tokens:
-            self._settle(d)
             d.tokens += tokens
             seen = self.events.now + self.serving.per_delta_s
             d.client.token_times.append(seen)
-        if d.tokens > 1 or finished:
-            self._end_prefill_part(d)
+            d.attempt.tokens_out(d.tokens)
         if finished:
-            self._settle(d)
-            d.decode.in_flight -= 1
+            d.attempt.end()
             del self.active[request_id]
             self.sequences_in_flight -= 1
             self._finish(d.client)
 
-    # ---- counts, given back once ------------------------------------------------------------
-    def _charge(self, d: Dispatch, worker: WorkerState) -> None:
-        self._settle(d)
-        worker.prompt_tokens_queued += len(d.client.prompt)
-        d.charge = (worker, len(d.client.prompt))
-
-    @staticmethod
-    def _settle(d: Dispatch) -> None:
-        if d.charge is not None:
-            worker, tokens = d.charge
-            worker.prompt_tokens_queued -= tokens
-            d.charge = None
-
-    @staticmethod
-    def _end_prefill_part(d: Dispatch) -> None:
-        if d.prefill is not None:
-            d.prefill.in_flight -= 1
-            d.prefill = None
-
     def _fail(self, d: Dispatch, why: str) -> None:
-        self._settle(d)
-        self._end_prefill_part(d)
-        d.decode.in_flight -= 1
+        d.attempt.end()
         del self.active[d.request_id]
         self.sequences_in_flight -= 1
         self._end(d.client, why)

@@ -4,12 +4,11 @@ import pytest
 import torch
 
 from engine.attention.cpu_backend import make_cpu_paged_attention
-from engine.native import load_cpu_kernels
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import paged_attention as torch_paged_attention
+from tests.engine.native_kernels import native_kernels
 
-kernels = load_cpu_kernels()
-pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels could not be built here")
+kernels = native_kernels(module_level=True)
 
 
 def _metadata(query_lens, seq_lens, block_size, num_blocks, gen):

@@ -12,11 +12,11 @@ from engine.attention.cpu_backend import PrefillSplit, make_cpu_paged_attention,
 from engine.attention.prefill_choice import AttentionShapes, choose_prefill, timed_chunk
 from engine.attention.torch_backend import paged_attention as torch_paged_attention
 from engine.layers.linear_choice import BANDS
-from engine.native import load_cpu_kernels
+from tests.engine.native_kernels import native_kernels_or_none
 from tests.engine.test_cpu_attention import _metadata
 
-kernels = load_cpu_kernels()
-needs_kernels = pytest.mark.skipif(kernels is None, reason="native CPU kernels could not be built here")
+kernels = native_kernels_or_none()  # None only where they cannot be built (tests/engine/native_kernels.py)
+needs_kernels = pytest.mark.skipif(kernels is None, reason="the native CPU kernels cannot be built here")
 
 
 def _step(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, dtype, seed, num_blocks=96, num_decodes=None):

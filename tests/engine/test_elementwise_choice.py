@@ -8,7 +8,7 @@ import torch
 
 from engine.layers import ops
 from engine.layers.elementwise_choice import BANDS, OPS, OpShapes, choose_elementwise, dispatched, op_inputs
-from engine.native import load_cpu_kernels
+from tests.engine.native_kernels import native_kernels
 
 SHAPES = OpShapes(hidden=48, intermediate=64, heads=3, head_dim=16)
 
@@ -49,11 +49,10 @@ def test_op_inputs_fit_the_reference_ops():
     assert ops.torch_add_rms_norm(*args["add_rms_norm"])[0].shape == (5, SHAPES.hidden)
 
 
-@pytest.mark.skipif(load_cpu_kernels() is None, reason="native CPU kernels could not be built here")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_timed_ops_on_this_machine_agree_with_the_reference(dtype, tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))  # time here, not a cached answer
-    chosen = ops.native_ops(load_cpu_kernels(), dtype, [(24, 40)], op_shapes=SHAPES)
+    chosen = ops.native_ops(native_kernels(), dtype, [(24, 40)], op_shapes=SHAPES)
     assert "elementwise by rows: rms_norm:" in chosen.name
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     for rows in (1, 40, 300):

@@ -6,15 +6,14 @@ import torch.nn.functional as F
 
 from engine.attention.torch_backend import write_kv_cache
 from engine.layers import ops
-from engine.native import load_cpu_kernels
+from tests.engine.native_kernels import native_kernels
 
-kernels = load_cpu_kernels()
-pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels could not be built here")
+kernels = native_kernels(module_level=True)
 SHAPES = [(24, 40)]
 PACKED = ("packed",) * 6  # every band of row counts on the native packed kernel
 MIXED = ("mv", "few", "few", "dense", "packed", "packed")  # each candidate somewhere: both weight forms kept
-NATIVE = ops.native_ops(kernels, torch.float32, SHAPES, MIXED) if kernels is not None else None
-NATIVE_F32 = ops.native_ops(kernels, torch.float32, SHAPES, PACKED) if kernels is not None else None
+NATIVE = ops.native_ops(kernels, torch.float32, SHAPES, MIXED)
+NATIVE_F32 = ops.native_ops(kernels, torch.float32, SHAPES, PACKED)
 DTYPES = [torch.float32, torch.bfloat16]
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.layers.linear_choice import BANDS, Candidate, band_of, cached_choice, choose
+from tests.engine.native_kernels import native_kernels
 
 
 def _cost_timer(costs):
@@ -64,11 +65,7 @@ def test_a_damaged_cache_entry_is_timed_again(tmp_path, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_real_kernels_are_timed_on_the_models_shapes(dtype, tmp_path, monkeypatch):
     from engine.layers.ops import chosen_linear
-    from engine.native import load_cpu_kernels
-
-    kernels = load_cpu_kernels()
-    if kernels is None:
-        pytest.skip("native CPU kernels could not be built here")
+    kernels = native_kernels()
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
     linear, prepare, described = chosen_linear(kernels, dtype, [(48, 32), (32, 48)])
     assert described.count(": ") == len(BANDS)  # a kernel named for every band

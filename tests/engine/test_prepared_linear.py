@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from engine.layers.linear import ColumnParallelLinear
 from engine.layers.ops import TORCH_OPS, LinearForms, PackedWeight, native_ops, onednn_works
-from engine.native import load_cpu_kernels
+from tests.engine.native_kernels import native_kernels
 from engine.parallel.shard import Slice
 
 
@@ -27,9 +27,7 @@ def test_torch_ops_keep_the_parameter():
 
 
 def test_packing_replaces_the_parameter_and_a_mixed_choice_keeps_both_forms():
-    kernels = load_cpu_kernels()
-    if kernels is None:
-        pytest.skip("native CPU kernels could not be built here")
+    kernels = native_kernels()
     weight, x = torch.randn(40, 24), torch.randn(3, 24)
     for choice, form in ((("packed",) * 6, PackedWeight), (("dense",) * 6, torch.Tensor),
                          (("mv",) + ("packed",) * 5, LinearForms)):  # fmt: skip
@@ -44,9 +42,9 @@ def test_packing_replaces_the_parameter_and_a_mixed_choice_keeps_both_forms():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_onednn_prepacked_weights_serve_their_bands_beside_the_other_forms(dtype):
-    kernels = load_cpu_kernels()
-    if kernels is None or not onednn_works(dtype):
-        pytest.skip("native CPU kernels or oneDNN's prepacked linear are not available here")
+    kernels = native_kernels()
+    if not onednn_works(dtype):
+        pytest.skip("oneDNN's prepacked linear is not available here")
     weight = torch.randn(40, 24).to(dtype)
     mixed = ("mv", "few", "onednn", "onednn", "dense", "onednn")
     for choice, forms in ((("onednn",) * 6, None), (mixed, {"dense", "onednn"})):

@@ -140,3 +140,11 @@ def test_logit_bias_is_stored_as_sorted_pairs_and_checked():
     for bad in ({-1: 1.0}, {"3": 1.0}, {3: 101.0}, {3: float("nan")}, "x"):
         with pytest.raises(ValueError, match="logit_bias"):
             SamplingParams(logit_bias=bad)
+
+
+def test_no_stop_before_min_tokens_then_eos_unless_ignored_then_stop_ids():
+    eos = {2}
+    p = SamplingParams(min_tokens=2, stop_token_ids=[9])
+    assert p.stop_by(2, 1, eos) is None and p.stop_by(9, 1, eos) is None  # min_tokens not reached
+    assert p.stop_by(2, 2, eos) == "eos" and p.stop_by(9, 2, eos) == 9 and p.stop_by(5, 2, eos) is None
+    assert SamplingParams(ignore_eos=True).stop_by(2, 1, eos) is None

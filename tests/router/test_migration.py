@@ -98,7 +98,7 @@ def test_a_dead_decode_workers_request_resumes_on_the_other_with_greedy_output(e
         return gen, tokens, final, registry
 
     gen, tokens, final, registry = asyncio.run(main())
-    assert gen.attempt == 1 and gen.decode.name == "decode-1"
+    assert gen.resumes == 1 and gen.decode.name == "decode-1"
     assert tokens == hf_greedy(tiny_model_dirs["llama"], prompt, 40)
     assert (final.finish_reason, final.num_prompt_tokens, final.num_output_tokens) == ("length", len(prompt), 40)
     assert [w.in_flight for w in registry.live("decode") + registry.live("prefill")] == [0, 0]
@@ -135,10 +135,10 @@ def test_the_watchdog_resumes_a_silent_request_and_ends_it_once_its_resumes_are_
             await _tokens_until(gen, 3, tokens)
             assert resume_silent_requests(dispatcher, 60.0, now=gen.outputs.last_activity + 3600) == [gen.request_id]
             final = await _tokens_until(gen, 10**6, tokens)  # moved, not failed: the client sees every token
-            assert gen.attempt == 1
+            assert gen.resumes == 1
             gen2 = await dispatcher.start(prompt, LONG)
             await _tokens_until(gen2, 1, [])
-            gen2.attempt = dispatcher.max_resumes  # as if it had been resumed already
+            gen2.resumes = dispatcher.max_resumes  # as if it had been resumed already
             resume_silent_requests(dispatcher, 60.0, now=gen2.outputs.last_activity + 3600)
             with pytest.raises(RequestTimedOut, match="no token for 60s"):
                 await _tokens_until(gen2, 10**6, [])

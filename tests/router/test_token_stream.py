@@ -60,8 +60,7 @@ def test_with_a_cluster_key_a_request_takes_deltas_only_from_the_workers_it_runs
 
     async def main():
         await stream.start()
-        outputs = stream.open("r1")
-        outputs.senders = frozenset({"decode-0"})  # as the dispatcher names the attempt's workers
+        outputs = stream.open("r1", senders=frozenset({"decode-0"}))  # as the dispatcher names the attempt's workers
         before = refusals()
         forged = TokenDelta("r1", 0, (66, 66), True, "length", 3, 2)
         sockets = [push(other, forged), push(None, forged)]  # None: the cluster key's holder
