@@ -123,7 +123,7 @@ def test_decode_prefills_when_no_prefill_worker_can_take_the_request(situation, 
         assert not request.local_prefill and len(prefill.tasks) == 1 and reasons == []
     else:
         assert request.local_prefill and prefill.tasks == [] and reasons == [reason]
-    assert gen.attempt == 0
+    assert gen.resumes == 0
 
 
 def test_a_prefill_call_that_fails_is_resumed_with_local_prefill_and_the_worker_stays_in_the_pool():
@@ -137,7 +137,7 @@ def test_a_prefill_call_that_fails_is_resumed_with_local_prefill_and_the_worker_
 
     gen, prefill_state, reasons = asyncio.run(main())
     first, resumed = decode.reserved
-    assert (first.local_prefill, resumed.local_prefill, gen.attempt) == (False, True, 1)
+    assert (first.local_prefill, resumed.local_prefill, gen.resumes) == (False, True, 1)
     assert first.request_id in decode.aborted  # the failed attempt's reservation was given back
     assert prefill_state.alive and prefill_state.suspect and reasons == [PREFILL_SUSPECT]
 
@@ -188,6 +188,6 @@ def test_a_request_caught_on_a_prefill_worker_that_dies_resumes_with_local_prefi
             return gen, tokens, final, reasons
 
     gen, tokens, final, reasons = asyncio.run(main())
-    assert gen.attempt == 1 and reasons == [NO_PREFILL_WORKER]
+    assert gen.resumes == 1 and reasons == [NO_PREFILL_WORKER]
     assert tokens == hf_greedy(tiny_model_dirs["llama"], prompt, 12) and final.num_output_tokens == 12
     wait_for(lambda: _free(decode_actor), "decode to free the first attempt's reservation and the request")

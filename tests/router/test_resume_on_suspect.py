@@ -60,5 +60,5 @@ def test_the_request_waits_for_the_only_decode_worker_to_answer_again():
             await stream.close()
 
     gen, state = asyncio.run(main())
-    assert decode.failed_reserves == 1 and gen.attempt == 1
+    assert decode.failed_reserves == 1 and gen.resumes == 1
     assert state.alive and not state.suspect
