@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
+from wire.sampling_rules import check_sampling
+
 # Below this temperature sampling is treated as greedy (argmax), as in vLLM.
 _GREEDY_EPS = 1e-5
-_MAX_LOGPROBS = 20
-# torch.Generator.manual_seed accepts exactly this range.
-_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 # engine.structured_output.KINDS (not imported: that module brings xgrammar in)
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
@@ -132,31 +131,7 @@ class SamplingParams:
             if getattr(self, name) is not None:
                 _require_int(name, getattr(self, name))
 
-        _check(self.n >= 1, "n", self.n, "must be >= 1")
-        _check(self.temperature >= 0.0, "temperature", self.temperature, "must be >= 0")
-        _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "must be in (0, 1]")
-        _check(self.top_k == -1 or self.top_k >= 0, "top_k", self.top_k,
-               "must be -1 or 0 (disabled) or a positive int")
-        _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "must be in [0, 1]")
-        _check(self.repetition_penalty > 0.0, "repetition_penalty",
-               self.repetition_penalty, "must be > 0")
-        for name in ("presence_penalty", "frequency_penalty"):
-            _check(-2.0 <= getattr(self, name) <= 2.0, name, getattr(self, name),
-                   "must be in [-2, 2]")
-        if self.max_tokens is not None:
-            _check(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1 or None")
-        _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, "must be >= 0")
-        _check(self.resumed_output_tokens >= 0, "resumed_output_tokens", self.resumed_output_tokens, "must be >= 0")
-        if self.max_tokens is not None:
-            _check(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
-                   f"must be <= max_tokens ({self.max_tokens})")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None:
-                _check(0 <= value <= _MAX_LOGPROBS, name, value, f"must be in [0, {_MAX_LOGPROBS}] or None")
-        if self.seed is not None:
-            _check(_SEED_MIN <= self.seed <= _SEED_MAX, "seed", self.seed,
-                   "must fit in 64 bits")
+        check_sampling(self)  # the ranges, as the router and the wire check them (wire.sampling_rules)
 
     def _validate_flags(self) -> None:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):

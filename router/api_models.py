@@ -33,18 +33,20 @@ class _GenerationFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    # The sampling parameters' ranges are checked once, where the wire's SamplingSpec is made
+    # (router.openai_common.sampling_from, wire.sampling_rules): a 400 naming the field.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM extensions
-    top_k: int = Field(0, ge=-1)
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
-    min_tokens: int = Field(0, ge=0)
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
@@ -61,7 +63,7 @@ class _GenerationFields(BaseModel):
     tools: list | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: str | dict | None = None
     # vLLM's: each prompt token's logprob and this many alternatives (router.prompt_echo), on completions.
-    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = None
     # Not honoured: refused unless neutral (see the module docstring).
     functions: list | None = None
     function_call: str | dict | None = None
@@ -88,7 +90,7 @@ Prompt = Annotated[
 class CompletionRequest(_GenerationFields):
     prompt: Prompt
     max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -112,7 +114,7 @@ class ChatCompletionRequest(_GenerationFields):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = None
     parallel_tool_calls: bool = True  # False: at most one tool call per choice
 
     @property

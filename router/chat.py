@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import AsyncIterator
 
@@ -33,9 +32,9 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
     prompt = await model.encode_chat_async(messages, tools=list(tools.tools) if tools else None)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = model.max_tokens_for(len(prompt), body.max_tokens_asked, param)
-    sampling = sampling_from(body, (body.top_logprobs or 0) if body.logprobs else None, model.vocab_size)
-    if tools is not None and tools.structured is not None:
-        sampling = dataclasses.replace(sampling, structured=tools.structured)
+    sampling = sampling_from(body, model.vocab_size, max_tokens, (body.top_logprobs or 0) if body.logprobs else None,
+                             structured=tools.structured if tools is not None else None,
+                             names={"logprobs": "top_logprobs", "max_tokens": param})  # fmt: skip
     running = await runner.start([prompt], sampling, text_options_from(body), body.n, arrived, [max_tokens])
     rid, created = response_id("chatcmpl")
     if body.stream:

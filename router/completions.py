@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import AsyncIterator
 
@@ -28,8 +27,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     check_limits(body, runner.limits, _num_prompts(body.prompt))
     prompts = await _prompt_ids(body.prompt, model)
     max_tokens = [model.max_tokens_for(len(p), body.max_tokens) for p in prompts]
-    sampling = dataclasses.replace(sampling_from(body, body.logprobs, model.vocab_size),
-                                   prompt_logprobs=prompt_logprobs_asked(body))  # fmt: skip
+    sampling = sampling_from(body, model.vocab_size, min(max_tokens), body.logprobs, prompt_logprobs_asked(body))
     running = await runner.start(prompts, sampling, text_options_from(body), body.n, arrived, max_tokens)
     rid, created = response_id("cmpl")
     echo = _Echo(body, prompts, prompt_texts(body.prompt, prompts, model) if body.echo else [], model)

@@ -16,6 +16,7 @@ from router.serving import RunningRequest
 from router.sse_stream import until_disconnected
 from router.structured_request import structured_from
 from wire.requests import SamplingSpec
+from wire.sampling_rules import SamplingOutOfRange
 
 
 def check_model(asked: str, served_name: str) -> None:
@@ -40,20 +41,26 @@ def refuse_unsupported(body: _GenerationFields, **extra_defaults) -> None:
             raise bad_request(f"{name}={shown} is not supported", name)
 
 
-def sampling_from(body: _GenerationFields, logprobs: int | None, vocab_size: int) -> SamplingSpec:
-    """The wire sampling parameters (max_tokens and seed are set per sequence later)."""
-    if body.max_tokens_asked is not None and body.min_tokens > body.max_tokens_asked:
-        raise bad_request("min_tokens must not exceed max_tokens", "min_tokens")
+def sampling_from(body: _GenerationFields, vocab_size: int, max_tokens: int, logprobs: int | None,
+                  prompt_logprobs: int | None = None, structured: tuple[str, str] | None = None,
+                  names: dict[str, str] | None = None) -> SamplingSpec:  # fmt: skip
+    """The wire sampling parameters, checked (a 400 naming the field as the client named it: `names` maps a
+    SamplingSpec field to it). `max_tokens`: the least any sequence gets (each gets its own later)."""
     if any(not 0 <= t < vocab_size for t in body.stop_token_ids or ()):
         raise bad_request(f"stop_token_ids must be in [0, {vocab_size})", "stop_token_ids")
-    return SamplingSpec(
-        logit_bias=logit_bias_from(body.logit_bias or {}, vocab_size),
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,
-        repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, min_tokens=body.min_tokens,
-        stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs,
-        structured=structured_from(body),
-    )  # fmt: skip
+    asked = structured_from(body)  # a malformed ask is a 400 even where tool calling decides the grammar
+    try:
+        return SamplingSpec(
+            logit_bias=logit_bias_from(body.logit_bias or {}, vocab_size),
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,
+            repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty, max_tokens=max_tokens, min_tokens=body.min_tokens,
+            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, structured=structured or asked,
+        )  # fmt: skip
+    except SamplingOutOfRange as err:
+        param = (names or {}).get(err.param, err.param)
+        raise bad_request(str(err).replace(err.param, param, 1), param) from None
 
 
 def logit_bias_from(bias: dict[str, float], vocab_size: int) -> tuple[tuple[int, float], ...]:

@@ -13,6 +13,7 @@ import dataclasses
 from typing import TypeVar
 
 from wire.codec import message
+from wire.sampling_rules import check_sampling
 
 S = TypeVar("S")
 
@@ -40,6 +41,9 @@ class SamplingSpec:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
     structured: tuple[str, str] | None = None  # (kind, spec): the grammar the output must match
     resumed_output_tokens: int = 0  # the prompt's last N tokens are output of an earlier attempt
+
+    def __post_init__(self):
+        check_sampling(self)  # raises SamplingOutOfRange: none out of range is ever made or decoded
 
     def continued(self, done: int) -> SamplingSpec | None:
         """The sampling of the same request once `done` of its output tokens were made (they become the end

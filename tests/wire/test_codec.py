@@ -65,9 +65,9 @@ def test_only_registered_dataclasses_encode():
 
 def test_an_integer_beyond_64_bits_is_the_requests_fault_not_a_worker_failure():
     """A ValueError (the request's fault: HTTP 400, the worker stays in its pool), not a TypeError."""
-    for seed in (2**64, -(2**63) - 1):
+    for top_k in (2**64, 2**70):  # in top_k's range (a seed that large is refused by SamplingSpec itself)
         with pytest.raises(ValueError, match="outside the 64-bit range"):
-            encode(GenerateRequest("r", (1, 2), SamplingSpec(seed=seed), "tcp://127.0.0.1:1"))
+            encode(GenerateRequest("r", (1, 2), SamplingSpec(top_k=top_k), "tcp://127.0.0.1:1"))
 
 
 def test_compat_hash_changes_with_every_field():
