@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import types
 
 import httpx
@@ -29,16 +28,14 @@ def served(ray_session, tiny_model_dirs):
         yield types.SimpleNamespace(url=stack.server.url, actors=stack.actors)
 
 
-def _post(url: str, body: dict | bytes, path: str = "/v1/completions") -> tuple[httpx.Response, float]:
-    start = time.perf_counter()
+def _post(url: str, body: dict | bytes, path: str = "/v1/completions") -> httpx.Response:
+    """How long the refusals take is `scripts/abuse_table.py`'s to measure (RELIABILITY.md), not a test's."""
     content = body if isinstance(body, bytes) else json.dumps({"model": MODEL, "max_tokens": 2, **body}).encode()
-    reply = httpx.post(f"{url}{path}", content=content, headers={"content-type": "application/json"},
-                       timeout=30)  # fmt: skip
-    return reply, time.perf_counter() - start
+    return httpx.post(f"{url}{path}", content=content, headers={"content-type": "application/json"}, timeout=30)
 
 
-def test_hostile_bodies_are_400s_in_well_under_a_second_while_a_stream_keeps_going(served):
-    streamed, usage = [], []
+def test_hostile_bodies_are_400s_while_a_stream_keeps_going(served):
+    usage = []
 
     def stream():  # a long request beside the abuse: it must keep producing tokens
         body = {"model": MODEL, "prompt": [5, 17, 42], "max_tokens": 200, "temperature": 0, "stream": True,
@@ -46,28 +43,21 @@ def test_hostile_bodies_are_400s_in_well_under_a_second_while_a_stream_keeps_goi
         with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
-                    streamed.append(time.perf_counter())
                     usage.append(json.loads(line[6:]).get("usage"))
 
     beside = threading.Thread(target=stream)
     beside.start()
-    answers = {}
     for name, (body, param) in ABUSE.items():
-        reply, took = _post(served.url, body)
-        answers[name] = (reply.status_code, took)
+        reply = _post(served.url, body)
         assert reply.status_code == 400, (name, reply.text[:200])
         assert reply.json()["error"]["param"] == param, (name, reply.json())
-        assert took < 1.0, (name, took)
     for name, (body, param) in CHAT_ABUSE.items():
-        reply, took = _post(served.url, body, "/v1/chat/completions")
+        reply = _post(served.url, body, "/v1/chat/completions")
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, (name, reply.text[:200])
-        assert took < 1.0, (name, took)
-    big, took = _post(served.url, NINE_MIB)
-    assert big.status_code == 413 and took < 1.0
-    deep, took = _post(served.url, DEEP_JSON)
-    assert deep.status_code == 400 and took < 1.0 and deep.json()["error"]["type"] == "invalid_request_error"
+    big = _post(served.url, NINE_MIB)
+    assert big.status_code == 413
+    deep = _post(served.url, DEEP_JSON)
+    assert deep.status_code == 400 and deep.json()["error"]["type"] == "invalid_request_error"
     beside.join(60)
     assert usage[-1]["completion_tokens"] == 200  # the stream beside them was served whole
-    gaps = [b - a for a, b in zip(streamed, streamed[1:])]
-    assert max(gaps) < 2.0, max(gaps)
     _wait_all_free(served)

