@@ -10,7 +10,7 @@ are: the layout is the operator's. Otherwise:
   - one machine with CPUs only: one worker that prefills and decodes (colocated mode, no prefill pool)
     on every core of the machine. With separate pools on few cores, each phase idles its worker's cores
     while the other has work: measured on 2 cores, one colocated worker on both cores served 1.5x the
-    output tokens of 1 prefill + 1 decode worker on one core each (BENCHMARKS.md, serving layout). It
+    output tokens of 1 prefill + 1 decode worker on one core each (benchmarks/history/2026-11-22-1400-bench_cluster.md). It
     is also the layout of the peer users compare against, vLLM's CPU server: one engine, all cores.
 """
 
