@@ -3,7 +3,7 @@
 Rank 0 sends `ExpectShard(request, block ids)` when it reserves (and answers
 the router only once every rank acknowledged), so the reservation exists here
 before the prefill worker learns the address; each transfer's end goes back as
-a `ShardEnded` report. The blocks belong to rank 0's engine (this rank's cache
+a `TransferEnded` report. The blocks belong to rank 0's engine (this rank's cache
 mirrors its layout): once `DropShard` is acknowledged, or a `failed` report is
 sent, nothing here writes into them. Writes land while the forward thread runs
 other requests' steps: no running request's block table points at reserved blocks.
@@ -11,11 +11,11 @@ other requests' steps: no running request's block table points at reserved block
 
 from __future__ import annotations
 
-from decode_worker.kv_receiving import ExpectKV, KVEnded, KVReceiving
+from decode_worker.kv_receiving import ExpectKV, KVReceiving
 from engine.parallel.follower import TPFollower
 from wire.codec import encode
 from runtime.engine_bridge import kv_spec_for
-from wire.ranks import DropShard, ExpectShard, RankEndpoint
+from wire.ranks import DropShard, ExpectShard, RankEndpoint, TransferEnded
 from runtime.rank_links import RankControl
 from kvtransfer.receiver import KVReceiver
 from runtime.follower import FollowerRole
@@ -42,8 +42,8 @@ class DecodeFollower(FollowerRole):
         return [self.control, self.receiving]
 
     def _report(self, event) -> None:
-        if isinstance(event, KVEnded):  # a release is acknowledged by the DropShard's ack instead
-            self.control.report(event.request_id, event.kind, reason=event.reason)
+        if isinstance(event, TransferEnded):  # a release is acknowledged by the DropShard's ack instead
+            self.control.report(event)
 
     def endpoint(self) -> bytes:
         rank = self.receiving.rank

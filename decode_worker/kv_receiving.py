@@ -4,10 +4,10 @@
                 ── ReleaseKV(request, reason) ────► receiver.abort, then KVReleased back:
                                                     from then on nothing writes the request's blocks
                 ── AnswerAfter(answer, result) ───► answer(result) here, after the commands before it
-    loop thread ◄── KVEnded(request, done | failed, reason) ── the receiver's events
+    loop thread ◄── TransferEnded(request, rank, done | failed, reason) ── the receiver's events
 
 The same service runs on rank 0 (events go to its loop) and on a tensor-parallel
-follower (events go to rank 0 as `ShardEnded` reports, `decode_worker.follower`).
+follower (its events go on to rank 0, `decode_worker.follower`).
 Chunks land while the loop thread runs other requests' steps: no running
 request's block table points at reserved blocks.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvtransfer.receiver import KVReceiver
+from wire.ranks import TransferEnded
 
 logger = logging.getLogger("tandem.decode")
 
@@ -44,13 +45,6 @@ class AnswerAfter:
 
 
 @dataclass(frozen=True)
-class KVEnded:
-    request_id: str
-    kind: str  # "done" | "failed"
-    reason: str = ""
-
-
-@dataclass(frozen=True)
 class KVReleased:
     request_id: str
     rank: int = 0
@@ -68,7 +62,7 @@ class KVReceiving:
             self.receiver.recv(cmd.request_id, cmd.block_ids)
         except ValueError as err:  # the id is still in use by an earlier transfer: a router bug, fail this one
             logger.error("cannot expect the KV of %s: %s", cmd.request_id, err)
-            self.report(KVEnded(cmd.request_id, "failed", str(err)))
+            self.report(TransferEnded(cmd.request_id, self.rank, "failed", reason=str(err)))
 
     def release(self, cmd: ReleaseKV) -> None:
         self.receiver.abort(cmd.request_id, cmd.reason)  # a no-op once its transfer ended
@@ -82,7 +76,7 @@ class KVReceiving:
 
     def service(self) -> None:
         for event in self.receiver.poll(0):
-            self.report(KVEnded(event.request_id, event.kind, event.reason))
+            self.report(TransferEnded(event.request_id, self.rank, event.kind, reason=event.reason))
 
     def counters(self) -> dict:
         """The heartbeat's KV figures (read from other threads: plain ints and floats)."""

@@ -34,14 +34,14 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from decode_worker.kv_receiving import AnswerAfter, ExpectKV, KVEnded, KVReleased, ReleaseKV
+from decode_worker.kv_receiving import AnswerAfter, ExpectKV, KVReleased, ReleaseKV
 from decode_worker.recompute import requeue_locally
 from decode_worker.records import DecodeRecord, Event, Phase
 from decode_worker.streaming import final_delta, output_delta
 from engine.llm_engine import LLMEngine
 from engine.remote_kv import NoFreeBlocks, admit_remote_kv, count_uncached_tokens, fail_remote_kv, reserve_remote_kv
 from runtime.engine_bridge import decode_phases, sampling_params
-from wire.ranks import ExpectShard, RankAck, ShardEnded
+from wire.ranks import ExpectShard, RankAck, TransferEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, ReserveRefused, WorkerLoad
 from wire.push_pull import PullSocket, Pushers
 from runtime.control_service import Call
@@ -76,9 +76,8 @@ class DecodeWorker(RequestTable):
     def handle(self, message) -> None:
         if isinstance(message, Call):
             self.take_call(message)
-        elif isinstance(message, KVEnded):
-            kind = Event.KV_DONE if message.kind == "done" else Event.KV_FAILED
-            self.on(message.request_id, kind, f"KV transfer failed: {message.reason}")
+        elif isinstance(message, TransferEnded):
+            self._transfer_ended(message)
         elif isinstance(message, KVReleased):
             self.on(message.request_id, Event.RELEASED, rank=0)
 
@@ -280,14 +279,19 @@ class DecodeWorker(RequestTable):
             if record.phase is Phase.AWAITING_KV:
                 return  # no seat in the batch: the oldest waits first
 
-    def _on_rank_message(self, msg: RankAck | ShardEnded) -> None:
+    def _on_rank_message(self, msg: RankAck | TransferEnded) -> None:
         if isinstance(msg, RankAck):
             event = Event.RANK_ACKED if msg.kind == "ExpectShard" else Event.RELEASED
             self.on(msg.request_id, event, rank=msg.rank)
-        elif msg.kind == "done":
-            self.on(msg.request_id, Event.SHARD_DONE, rank=msg.rank)
         else:
-            self.on(msg.request_id, Event.KV_FAILED, f"KV transfer to rank {msg.rank} failed: {msg.reason}")
+            self._transfer_ended(msg)
+
+    def _transfer_ended(self, ended: TransferEnded) -> None:
+        """This rank's receiver (rank 0: the whole prompt) or a follower's (its heads) ended the transfer."""
+        if ended.done:
+            return self.on(ended.request_id, Event.KV_DONE if ended.rank == 0 else Event.SHARD_DONE, rank=ended.rank)
+        where = f" to rank {ended.rank}" if ended.rank else ""
+        self.on(ended.request_id, Event.KV_FAILED, f"KV transfer{where} failed: {ended.reason}")
 
     def _answer_reserve(self, record: DecodeRecord) -> None:
         # Through the I/O thread: it has applied ExpectKV before the answer leaves.

@@ -4,7 +4,7 @@ Rank 0 attaches `ShardOrders` to the step broadcast of each forward that
 completes prompts. On the forward thread this rank's connector turns them into
 `StartSend` commands and each layer, as its KV is written, into `SendLayer`;
 the I/O thread opens this rank's transfers (`start_pieces`), sends the layers,
-and reports each transfer's end to rank 0 (`ShardEnded`).
+and reports each transfer's end to rank 0 (`TransferEnded`).
 
 Ownership: the source blocks are rank 0's (this rank's cache mirrors its
 layout); rank 0 frees them only after every rank reported every transfer's
@@ -18,10 +18,10 @@ from __future__ import annotations
 from engine.parallel.follower import TPFollower
 from wire.codec import decode, encode
 from runtime.engine_bridge import kv_spec_for
-from wire.ranks import DropShard, RankEndpoint, ShardOrders
+from wire.ranks import DropShard, RankEndpoint, ShardOrders, TransferEnded
 from runtime.rank_links import RankControl
 from kvtransfer.sender import KVSender
-from prefill_worker.kv_sending import KVSending, SendLayer, StartSend, TransferEnded
+from prefill_worker.kv_sending import KVSending, SendLayer, StartSend
 from runtime.follower import FollowerRole
 from runtime.io_thread import IOThread
 from runtime.rank_control_service import RankControlService
@@ -65,7 +65,7 @@ class PrefillFollower(FollowerRole):
 
     def _report(self, event) -> None:
         if isinstance(event, TransferEnded):  # a release is acknowledged by the DropShard's ack instead
-            self.control.report(event.request_id, event.kind, event.peer, event.reason)
+            self.control.report(event)
 
     def endpoint(self) -> bytes:
         return encode(RankEndpoint(self.sending.sender.tp_rank, self.control.control.address))

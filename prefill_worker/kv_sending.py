@@ -7,7 +7,7 @@
     loop thread ◄── TransferEnded(id, rank, peer, done | failed | expired) ── the sender's events
 
 The same service runs on rank 0 (reports go to its loop) and on a
-tensor-parallel follower (reports go to rank 0 as `ShardEnded`). Commands run
+tensor-parallel follower (its reports go on to rank 0). Commands run
 in the order posted: a layer is sent after its transfer started, a release
 after every layer queued before it. The sender never blocks (its handshakes
 complete in later rounds), so neither does this thread.
@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from wire.ranks import ShardOrder
+from wire.ranks import ShardOrder, TransferEnded
 from kvtransfer.sender import KVSender
 from prefill_worker.pieces import start_pieces
 
@@ -44,15 +44,6 @@ class ReleaseSend:
 
 
 @dataclass(frozen=True)
-class TransferEnded:
-    request_id: str
-    rank: int
-    peer: str  # the decode receiver's address ("" when the transfer could not start)
-    kind: str  # "done" | "failed" | "expired"
-    reason: str = ""
-
-
-@dataclass(frozen=True)
 class SendReleased:
     request_id: str
     rank: int = 0
@@ -71,7 +62,7 @@ class KVSending:
             start_pieces(s, order, self.num_kv_heads, s.tp_size, s.tp_rank)
         except ValueError as err:  # a reservation that does not fit our plan
             s.abort(order.request_id, str(err))  # the pieces that did start
-            self.report(TransferEnded(order.request_id, s.tp_rank, "", "failed", f"KV transfer could not start: {err}"))
+            self.report(TransferEnded(order.request_id, s.tp_rank, "failed", reason=f"KV transfer could not start: {err}"))
 
     def send_layer(self, cmd: SendLayer) -> None:
         k_cache, v_cache = self.kv_caches[cmd.layer]
@@ -90,7 +81,7 @@ class KVSending:
 
     def service(self) -> None:
         for e in self.sender.poll(0):
-            self.report(TransferEnded(e.request_id, self.sender.tp_rank, e.peer, e.kind, e.reason))
+            self.report(TransferEnded(e.request_id, self.sender.tp_rank, e.kind, e.peer, e.reason))
 
     def close(self) -> None:
         self.sender.close()

@@ -35,10 +35,10 @@ from engine.scheduler import SchedulerOutput
 from wire.codec import encode
 from runtime.engine_bridge import prompt_phases, prompt_token_logprobs, sampling_params, token_logprobs
 from kvtransfer.faults import TransportFaults
-from wire.ranks import RankAck, ShardOrder, ShardOrders
+from wire.ranks import RankAck, ShardOrder, ShardOrders, TransferEnded
 from wire.requests import FirstToken, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
 from wire.push_pull import Pushers
-from prefill_worker.kv_sending import ReleaseSend, SendLayer, SendReleased, StartSend, TransferEnded
+from prefill_worker.kv_sending import ReleaseSend, SendLayer, SendReleased, StartSend
 from prefill_worker.pieces import transfers_of
 from prefill_worker.records import Event, Phase, PrefillRecord
 from runtime.control_service import Call
@@ -73,7 +73,7 @@ class PrefillWorker(RequestTable):
         if isinstance(message, Call):
             self.take_call(message)
         elif isinstance(message, TransferEnded):
-            self._transfer_ended(message.request_id, message.rank, message.peer, message.kind, message.reason)
+            self._transfer_ended(message)
         elif isinstance(message, SendReleased):
             self.on(message.request_id, Event.RELEASED, rank=message.rank)
 
@@ -111,8 +111,8 @@ class PrefillWorker(RequestTable):
         for msg in self.ranks.read() if self.ranks is not None else ():
             if isinstance(msg, RankAck):
                 self.on(msg.request_id, Event.RELEASED, rank=msg.rank)
-            else:  # ShardEnded
-                self._transfer_ended(msg.request_id, msg.rank, msg.peer, msg.kind, msg.reason)
+            else:  # TransferEnded
+                self._transfer_ended(msg)
 
     def step(self) -> bool:
         try:
@@ -204,12 +204,14 @@ class PrefillWorker(RequestTable):
         self.io.post(StartSend(order))
         return order
 
-    def _transfer_ended(self, request_id: str, rank: int, peer: str, kind: str, reason: str) -> None:
-        if kind == "done":
+    def _transfer_ended(self, ended: TransferEnded) -> None:
+        """One (rank, decode address) transfer of a request ended, on this rank or a follower."""
+        request_id, rank, peer = ended.request_id, ended.rank, ended.peer
+        if ended.done:
             return self.on(request_id, Event.TRANSFER_DONE, rank=rank, peer=peer)
-        logger.warning("KV transfer of %s from rank %d to %s %s: %s", request_id, rank, peer, kind, reason)
+        logger.warning("KV transfer of %s from rank %d to %s %s: %s", request_id, rank, peer, ended.kind, ended.reason)
         self.on(request_id, Event.TRANSFER_FAILED,
-                 f"KV transfer from prefill rank {rank} to {peer or 'decode'} {kind}: {reason}")  # fmt: skip
+                 f"KV transfer from prefill rank {rank} to {peer or 'decode'} {ended.kind}: {ended.reason}")  # fmt: skip
 
     def _hand_over(self, out: RequestOutput) -> None:
         """After the forward: the first token to the router's stream at once, and to decode's inbox."""

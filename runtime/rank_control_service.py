@@ -5,7 +5,7 @@
 
 Before a message is applied, the commands this rank's forward thread queued
 earlier (the transfers of a step it ran) are run: a drop never overtakes the
-order it drops. Reports of transfers ending (`ShardEnded`) go out through
+order it drops. Reports of transfers ending (`TransferEnded`) go out through
 `report`, which the follower's KV service is given.
 """
 
@@ -15,14 +15,15 @@ from typing import Callable
 
 from runtime.rank_links import RankControl
 from runtime.io_thread import IOThread
+from wire.ranks import TransferEnded
 
 
 class RankControlService:
     def __init__(self, control: RankControl, io: IOThread, handlers: dict[type, Callable]):
         self.control, self.io, self.handlers = control, io, handlers
 
-    def report(self, request_id: str, kind: str, peer: str = "", reason: str = "") -> None:
-        self.control.report(request_id, kind, peer, reason)
+    def report(self, ended: TransferEnded) -> None:
+        self.control.report(ended)
 
     def commands(self) -> dict[type, Callable]:
         return {}

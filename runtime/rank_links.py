@@ -4,7 +4,7 @@
     RankLinks(endpoints) ── ReportTo(our PULL) ───► RankControl: connects its PUSH there
                          ◄─────── RankAck ─────────   (start-up: waited for)
     tell(ExpectShard | DropShard) ────────────────► applies it, then acks
-    read() ◄──────────────── RankAck | ShardEnded ── applied / its part of a transfer ended
+    read() ◄──────────────── RankAck | TransferEnded ── applied / its part of a transfer ended
 
 A follower's forward thread sits in the step broadcast, so its KV sender or
 receiver lives on a thread of its own, reached through these typed ZMQ
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 
-from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ReportTo, ShardEnded
+from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ReportTo, TransferEnded
 from wire.push_pull import PullSocket, Pushers
 
 logger = logging.getLogger("tandem.runtime")
@@ -37,12 +37,12 @@ class RankLinks:
 
     Only the first exchange (`ReportTo`, at start-up) is waited for; afterwards rank 0 never
     blocks on a follower: it keeps what it waits for as state and reads `RankAck`s and
-    `ShardEnded` reports from `read()` when `socket` is readable."""
+    `TransferEnded` reports from `read()` when `socket` is readable."""
 
     def __init__(self, endpoints: list[RankEndpoint], ack_timeout_s: float = 10.0, address: str = "tcp://127.0.0.1:0"):
         self.endpoints = {e.rank: e for e in endpoints}
         self.ack_timeout_s = ack_timeout_s
-        self._pull = PullSocket((RankAck, ShardEnded), address, kind="rank_link")
+        self._pull = PullSocket((RankAck, TransferEnded), address, kind="rank_link")
         self._pushers = Pushers()
         self._connect()
 
@@ -59,7 +59,7 @@ class RankLinks:
         for endpoint in self.endpoints.values():
             self._pushers.send(endpoint.control_address, msg)
 
-    def read(self) -> list[RankAck | ShardEnded]:
+    def read(self) -> list[RankAck | TransferEnded]:
         """Acks and reports that arrived since the last read."""
         return self._pull.poll(0)
 
@@ -109,8 +109,8 @@ class RankControl:
     def ack(self, msg) -> None:
         self._push(RankAck(getattr(msg, "request_id", ""), self.rank, type(msg).__name__))
 
-    def report(self, request_id: str, kind: str, peer: str = "", reason: str = "") -> None:
-        self._push(ShardEnded(request_id, self.rank, kind, peer, reason))
+    def report(self, ended: TransferEnded) -> None:
+        self._push(ended)
 
     def close(self) -> None:
         self._pull.close()

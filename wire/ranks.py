@@ -1,7 +1,7 @@
 """Inside one tensor-parallel worker: rank 0 and its follower ranks' I/O threads (`runtime.rank_links`).
 
     rank 0 ── ReportTo | ExpectShard | DropShard ──► follower control PULL   (acked: RankAck)
-    rank 0 ◄── RankAck | ShardEnded ── follower                               (ZMQ PUSH/PULL)
+    rank 0 ◄── RankAck | TransferEnded ── follower                            (ZMQ PUSH/PULL)
     prefill rank 0 ── ShardOrders ──► followers, attached to the step broadcast (`wire.step`)
 """
 
@@ -53,14 +53,20 @@ class RankAck:
 
 
 @message
-class ShardEnded:
-    """A follower's part of a request's KV transfer ended: received all its heads, or sent to `peer`."""
+class TransferEnded:
+    """One rank's part of a request's KV transfer ended: received all its heads (decode), or sent them to `peer`
+    (prefill). The one report of it: from a rank's I/O thread to its worker's loop, and from a follower rank
+    to rank 0."""
 
     request_id: str
     rank: int
     kind: str  # "done", "failed" or "expired" (kvtransfer.connector.TransferEvent kinds)
-    peer: str = ""  # prefill: the decode receiver's address
+    peer: str = ""  # prefill: the decode receiver's address ("" when the transfer could not start)
     reason: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.kind == "done"
 
 
 @message

@@ -14,7 +14,6 @@ import pytest
 from decode_worker.kv_receiving import (
     AnswerAfter,
     ExpectKV,
-    KVEnded,
     KVReleased,
     ReleaseKV,
 )
@@ -23,7 +22,7 @@ from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
 from engine import EngineArgs, LLMEngine
 from kvtransfer.connector import TransferTimeouts
 from runtime.engine_bridge import sampling_spec
-from wire.ranks import DropShard, ExpectShard, RankAck, ShardEnded
+from wire.ranks import DropShard, ExpectShard, RankAck, TransferEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, ReserveRefused
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard
@@ -163,7 +162,7 @@ def test_kv_and_first_token_admit_the_request_which_decodes_to_the_end(rig):
     reference = LLMEngine.from_args(EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256, dtype="float32"),
                                     show_progress=False)  # fmt: skip
     _copy_prompt_kv(reference, worker.engine, prompt, expect.block_ids)
-    worker.handle(KVEnded("r", "done"))
+    worker.handle(TransferEnded("r", 0, "done"))
     assert not worker.has_work()  # waiting for the first token
     inbox.queued.append(FirstToken("r", expected[0]))
     worker.read_sockets()
@@ -196,11 +195,11 @@ def test_a_failed_transfer_waits_for_the_release_then_recomputes_here(rig, first
     if first_token_came:
         inbox.queued.append(FirstToken("r", expected[0]))
         worker.read_sockets()
-    worker.handle(KVEnded("r", "failed", "sender gone"))
+    worker.handle(TransferEnded("r", 0, "failed", reason="sender gone"))
     assert io.take(ReleaseKV) == [ReleaseKV("r", "KV transfer failed: sender gone")]
     assert worker.records["r"].phase is Phase.RELEASING and not worker.has_work()
     assert worker.engine.kv_cache.num_free_blocks < 32  # still reserved: the receiver may be writing
-    worker.handle(KVEnded("r", "done"))  # late news for a releasing request: ignored
+    worker.handle(TransferEnded("r", 0, "done"))  # late news for a releasing request: ignored
     worker.handle(KVReleased("r"))
     assert worker.records["r"].phase is Phase.RUNNING
     _run(worker)
@@ -220,7 +219,7 @@ def test_every_other_end_of_a_waiting_request_releases_then_ends_it(rig, how):
     _reserve(worker, "r", PROMPTS["mid"])
     io.posted.clear()
     if how == "fail policy":
-        worker.handle(KVEnded("r", "failed", "chunk rejected"))
+        worker.handle(TransferEnded("r", 0, "failed", reason="chunk rejected"))
     elif how == "prefill failed":
         worker.config = DecodeWorkerConfig(kv_transfer_failure="fail")
         inbox.queued.append(PrefillFailed("r", "its step failed"))
@@ -228,7 +227,7 @@ def test_every_other_end_of_a_waiting_request_releases_then_ends_it(rig, how):
     elif how == "abort":
         worker.handle(Call("abort", "r", Answers()))
     else:
-        worker.handle(KVEnded("r", "done"))
+        worker.handle(TransferEnded("r", 0, "done"))
         worker.check_deadlines(now=time.monotonic() + 0.02)
     (release,) = io.take(ReleaseKV)
     assert worker.records["r"].phase is Phase.RELEASING and not pushers.sent
@@ -258,11 +257,11 @@ def test_tensor_parallel_reserve_is_answered_once_every_rank_acked(rig):
     worker.read_sockets()
     (answer,) = io.take(AnswerAfter)
     assert answer.result.kv_addresses == ("tcp://kv:1", "tcp://rank1:2") and answers.got == []
-    worker.handle(KVEnded("r", "done"))
+    worker.handle(TransferEnded("r", 0, "done"))
     inbox.queued.append(FirstToken("r", 5))
     worker.read_sockets()
     assert worker.records["r"].phase is Phase.AWAITING_KV  # rank 1's shard has not landed
-    ranks.inbox.append(ShardEnded("r", 1, "failed", reason="rejected"))
+    ranks.inbox.append(TransferEnded("r", 1, "failed", reason="rejected"))
     worker.read_sockets()  # fails on every rank: both must let go before the recompute
     assert io.take(ReleaseKV) and isinstance(ranks.told[-1], DropShard)
     worker.handle(KVReleased("r"))

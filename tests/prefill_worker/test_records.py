@@ -14,14 +14,13 @@ import pytest
 from engine import EngineArgs, LLMEngine
 from wire.codec import decode
 from runtime.engine_bridge import sampling_spec
-from wire.ranks import DropShard, RankAck, ShardOrders
+from wire.ranks import DropShard, RankAck, ShardOrders, TransferEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, PrefillTask, TokenDelta
 from prefill_worker.kv_sending import (
     ReleaseSend,
     SendLayer,
     SendReleased,
     StartSend,
-    TransferEnded,
 )
 from prefill_worker.records import Phase
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
@@ -82,7 +81,7 @@ def test_the_forward_opens_the_transfer_ships_each_layer_and_hands_the_first_tok
     delta, first = pushers.sent
     assert isinstance(delta, TokenDelta) and first == FirstToken("r", delta.token_ids[0])
     assert worker.engine.kv_cache.num_free_blocks < 32  # held while the sender reads them
-    worker.handle(TransferEnded("r", 0, DECODE, "done"))
+    worker.handle(TransferEnded("r", 0, "done", DECODE))
     assert _pool_free(worker) and not _failures(pushers)
 
 
@@ -92,11 +91,11 @@ def test_a_failed_transfer_is_released_by_the_sender_before_the_blocks_go_and_de
     _prefill(worker, "r")
     worker.step()
     io.posted.clear()
-    worker.handle(TransferEnded("r", 0, DECODE, kind, "receiver silent"))
+    worker.handle(TransferEnded("r", 0, kind, DECODE, "receiver silent"))
     (release,) = io.take(ReleaseSend)
     assert worker.records["r"].phase is Phase.RELEASING and not _failures(pushers)
     assert worker.engine.kv_cache.num_free_blocks < 32
-    worker.handle(TransferEnded("r", 0, DECODE, "done"))  # late news: ignored
+    worker.handle(TransferEnded("r", 0, "done", DECODE))  # late news: ignored
     worker.handle(SendReleased("r"))
     (failed,) = _failures(pushers)
     assert kind in failed.reason and failed.reason == release.reason and _pool_free(worker)
@@ -143,7 +142,7 @@ def test_tensor_parallel_orders_ride_on_the_step_and_every_rank_lets_go_before_t
     (attachment,) = attachments  # the step broadcast's: the followers learn which transfers they start
     assert [o.request_id for o in decode(attachment, ShardOrders).orders] == ["r"]
     assert worker.records["r"].transfers == {(0, DECODE), (1, DECODE)}  # both ranks' heads go to decode
-    worker.handle(TransferEnded("r", 0, DECODE, "done"))
+    worker.handle(TransferEnded("r", 0, "done", DECODE))
     worker.handle(Call("abort", "r", Answers()))
     assert isinstance(ranks.told[-1], DropShard) and io.take(ReleaseSend)
     worker.handle(SendReleased("r"))
@@ -153,7 +152,7 @@ def test_tensor_parallel_orders_ride_on_the_step_and_every_rank_lets_go_before_t
     assert _pool_free(worker)
     _prefill(worker, "slow")
     worker.step()
-    worker.handle(TransferEnded("slow", 0, DECODE, "failed", "refused"))
+    worker.handle(TransferEnded("slow", 0, "failed", DECODE, "refused"))
     worker.handle(SendReleased("slow"))
     worker.check_deadlines(now=time.monotonic() + 0.02)  # rank 1 never acks: freed anyway (logged), decode told
     assert _pool_free(worker) and [f.request_id for f in _failures(pushers)] == ["slow"]

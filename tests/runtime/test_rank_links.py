@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from wire.codec import decode, encode
-from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ShardEnded, ShardOrder, ShardOrders
+from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, TransferEnded, ShardOrder, ShardOrders
 from wire.requests import DecodeReservation
 from runtime.rank_links import RankControl, RankLinks, RankTimeout
 
@@ -28,7 +28,7 @@ class _Follower:
                 self.applied.append(msg)
                 self.control.ack(msg)
                 if isinstance(msg, ExpectShard):
-                    self.control.report(msg.request_id, "done")
+                    self.control.report(TransferEnded(msg.request_id, self.control.rank, "done"))
         self.control.close()
 
     def stop(self) -> None:
@@ -54,9 +54,9 @@ def test_acks_and_reports_come_back_without_rank_0_waiting():
         got = _read_until(links, 6)
         acks = sorted((m.rank, m.kind) for m in got if isinstance(m, RankAck))
         assert acks == [(1, "ExpectShard"), (2, "ExpectShard"), (3, "ExpectShard")]
-        reports = [m for m in got if isinstance(m, ShardEnded)]
+        reports = [m for m in got if isinstance(m, TransferEnded)]
         assert sorted(r.rank for r in reports) == [1, 2, 3]
-        assert all(r == ShardEnded("r1", r.rank, "done") for r in reports)
+        assert all(r == TransferEnded("r1", r.rank, "done") for r in reports)
         assert all(f.applied[-1] == ExpectShard("r1", (4, 5)) for f in followers)
         links.tell(DropShard("r1", "client went away"))
         assert sorted(m.kind for m in _read_until(links, 3)) == ["DropShard"] * 3
