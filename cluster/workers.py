@@ -42,8 +42,7 @@ from router.control_client import ControlEndpoint, control_endpoint
 from wire.requests import WorkerLoad
 from prefill_worker.actor import PrefillActor
 from prefill_worker.worker import PrefillWorkerConfig
-from runtime.actor import ACTOR_OPTIONS
-from runtime.ray_group import TPNames, start_tp_actors
+from runtime.ray_group import TPNames, start_tp_actors, start_worker_actor
 from runtime.worker_config import NODE_IP
 
 # One actor class per role, for every TP rank; where it binds is its config's `host`.
@@ -217,18 +216,15 @@ def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace
     """Start one worker of `role`'s pool named `name`, placed as its pool says (TP=1: returns at once).
 
     With `namespace`, its actors (and placement group) are named there and detached (`cluster.actor_names`)."""
-    import ray
-
     pool, args = spec.pool(role), engine_args_for(spec, role)
     config = worker_config(spec, role, name)
     actor_cls = ACTOR_CLASSES[role]
     if pool.tensor_parallel_size == 1:
         named = detached(namespace, rank0_name(name, restarts))
-        options = {"num_cpus": 0, **ACTOR_OPTIONS, **placement_options(pool), **named}
-        rank0 = ray.remote(actor_cls).options(**options).remote(args, config, pool.torch_threads)
+        rank0 = start_worker_actor(actor_cls, args, config, pool.torch_threads, **placement_options(pool), **named)
         return PoolWorker(name, role, rank0, restarts=restarts)
     bundle = {**pool.resources, **({"GPU": pool.num_gpus} if pool.num_gpus else {})}
     tp = start_tp_actors(actor_cls, args, config, pool.torch_threads, spec.health.start_timeout_s, bundle=bundle,
-                         label_selector=dict(pool.node_labels) or None, names=tp_names(namespace, name, restarts),
-                         **ACTOR_OPTIONS)  # fmt: skip
+                         label_selector=dict(pool.node_labels) or None,
+                         names=tp_names(namespace, name, restarts))  # fmt: skip
     return PoolWorker(name, role, tp.rank0, tp, restarts=restarts)

@@ -1,7 +1,7 @@
 """The decode worker as Ray actors, and how one is built in any process.
 
-One actor class, `DecodeActor`, for every rank. TP=1: one actor (`start_decode_actor`).
-TP=n (`start_decode_tp_actors`): n of them in one STRICT_PACK placement group, rank 0
+One actor class, `DecodeActor`, for every rank, started by `runtime.ray_group` (TP=1: one actor,
+`start_worker_actor`; TP=n: `start_tp_actors`, n of them in one STRICT_PACK placement group), rank 0
 the worker itself, ranks 1..n-1 the forward loop and a `DecodeFollower` for their KV
 heads. `decode_worker_maker` builds the worker (for an actor, or a test that hosts it
 in-process).
@@ -15,12 +15,11 @@ from decode_worker.follower import DecodeFollower
 from decode_worker.kv_receiving import KVReceiving
 from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
 from engine.llm_engine import EngineArgs, LLMEngine
-from runtime.ray_group import TPActors, start_tp_actors
 from runtime.engine_bridge import kv_spec_for
 from wire.requests import FirstToken, GenerateRequest, PrefillFailed
 from kvtransfer.receiver import KVReceiver
 from wire.push_pull import PullSocket, Pushers
-from runtime.actor import ACTOR_OPTIONS, WorkerActor
+from runtime.actor import WorkerActor
 from runtime.control_service import ControlService, payload_of, request_id_arg
 from runtime.io_thread import IOThread
 
@@ -68,19 +67,3 @@ class DecodeActor(WorkerActor):
     def follower_role(self) -> DecodeFollower:
         return DecodeFollower(self.config)
 
-
-def start_decode_actor(
-    engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(), torch_threads: int | None = 1, **options
-):
-    """A Ray actor handle (Ray must be initialised); `options` go to `.options()` (resources, name...)."""
-    import ray
-
-    options = {"num_cpus": 0, **ACTOR_OPTIONS, **options}
-    return ray.remote(DecodeActor).options(**options).remote(engine_args, config, torch_threads)
-
-
-def start_decode_tp_actors(
-    engine_args: EngineArgs, config: DecodeWorkerConfig = DecodeWorkerConfig(), torch_threads: int | None = 1, **options
-) -> TPActors:
-    """engine_args.tensor_parallel_size actors on one node; `.rank0` is the worker's handle (`options` go to every rank)."""
-    return start_tp_actors(DecodeActor, engine_args, config, torch_threads, **{**ACTOR_OPTIONS, **options})

@@ -1,7 +1,7 @@
 """The prefill worker as Ray actors, and how one is built in any process.
 
-One actor class, `PrefillActor`, for every rank. TP=1: one actor (`start_prefill_actor`).
-TP=n (`start_prefill_tp_actors`): n of them in one STRICT_PACK placement group, rank 0
+One actor class, `PrefillActor`, for every rank, started by `runtime.ray_group` (TP=1: one actor,
+`start_worker_actor`; TP=n: `start_tp_actors`, n of them in one STRICT_PACK placement group), rank 0
 the worker itself, ranks 1..n-1 the forward loop and a `PrefillFollower` for their KV
 heads. `prefill_worker_maker` builds the worker (for an actor, or a test that hosts it
 in-process).
@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 
 from engine.llm_engine import EngineArgs, LLMEngine
-from runtime.ray_group import TPActors, start_tp_actors
 from runtime.engine_bridge import kv_spec_for
 from wire.requests import PrefillTask
 from kvtransfer.sender import KVSender
@@ -20,7 +19,7 @@ from wire.push_pull import Pushers
 from prefill_worker.follower import PrefillFollower
 from prefill_worker.kv_sending import KVSending
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
-from runtime.actor import ACTOR_OPTIONS, WorkerActor
+from runtime.actor import WorkerActor
 from runtime.control_service import ControlService, payload_of, request_id_arg
 from runtime.io_thread import IOThread
 
@@ -65,19 +64,3 @@ class PrefillActor(WorkerActor):
     def follower_role(self) -> PrefillFollower:
         return PrefillFollower(self.config)
 
-
-def start_prefill_actor(
-    engine_args: EngineArgs, config: PrefillWorkerConfig = PrefillWorkerConfig(), torch_threads: int | None = 1, **options
-):
-    """A Ray actor handle (Ray must be initialised); `options` go to `.options()` (resources, name...)."""
-    import ray
-
-    options = {"num_cpus": 0, **ACTOR_OPTIONS, **options}
-    return ray.remote(PrefillActor).options(**options).remote(engine_args, config, torch_threads)
-
-
-def start_prefill_tp_actors(
-    engine_args: EngineArgs, config: PrefillWorkerConfig = PrefillWorkerConfig(), torch_threads: int | None = 1, **options
-) -> TPActors:
-    """engine_args.tensor_parallel_size actors on one node; `.rank0` is the worker's handle (`options` go to every rank)."""
-    return start_tp_actors(PrefillActor, engine_args, config, torch_threads, **{**ACTOR_OPTIONS, **options})

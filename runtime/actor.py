@@ -11,7 +11,8 @@
     attach_followers(endpoints)   tensor parallel rank 0, at start-up
     shutdown()                    end what is left; True if every block was free (a follower: loop ended)
 
-The actor must be threaded (`max_concurrency` > 1, see `ACTOR_OPTIONS`): a
+The actor must be threaded (`max_concurrency` > 1, `runtime.ray_group.ACTOR_OPTIONS`, with which
+`start_worker_actor` and `start_tp_actors` start every worker actor): a
 heartbeat is answered while `start` or `shutdown` runs. A role's class says
 how to build its worker (`make_worker`) and what a follower rank runs
 (`follower_role`). Requests never come over Ray: the router (and every test
@@ -30,10 +31,6 @@ from runtime.priority import run_at_normal_priority
 from runtime.worker_config import on_this_node
 from wire.codec import encode
 from wire.socket_security import sender_public_key, use_cluster_key
-
-# Options every worker actor needs: a thread for heartbeats beside a long start or shutdown.
-ACTOR_OPTIONS = {"max_concurrency": 8}
-
 
 class WorkerActor:
     def __init__(self, engine_args, config, torch_threads: int | None = 1, rank: int | None = None):

@@ -21,6 +21,17 @@ from typing import Callable
 
 # A bundle must hold something; actors ask for num_cpus=0, so this only pins them together.
 BUNDLE = {"CPU": 0.01}
+# Options every worker actor needs: a thread for heartbeats beside a long start or shutdown (`runtime.actor`).
+ACTOR_OPTIONS = {"max_concurrency": 8}
+
+
+def start_worker_actor(actor_cls, engine_args, config, torch_threads: int | None = 1, **options):
+    """A TP=1 worker of `actor_cls`'s role (`runtime.actor.WorkerActor`) as a Ray actor handle (Ray must be
+    initialised), asking num_cpus=0; `options` go to `.options()` (resources, name...). TP=n: `start_tp_actors`."""
+    import ray
+
+    options = {"num_cpus": 0, **ACTOR_OPTIONS, **options}
+    return ray.remote(actor_cls).options(**options).remote(engine_args, config, torch_threads)
 
 
 def free_init_addr() -> str:
@@ -105,7 +116,7 @@ def _rank_actors(actor_cls, engine_args, config, torch_threads, group, bundle, o
     for rank in range(engine_args.tensor_parallel_size):
         placement = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
         named = names.rank_options(rank) if names is not None else {}
-        opts = {"num_cpus": 0, "num_gpus": gpus, **options, "scheduling_strategy": placement, **named}
+        opts = {"num_cpus": 0, "num_gpus": gpus, **ACTOR_OPTIONS, **options, "scheduling_strategy": placement, **named}
         actors.append(ray.remote(actor_cls).options(**opts).remote(engine_args, config, torch_threads, rank))
     return actors
 

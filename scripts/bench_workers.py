@@ -25,7 +25,7 @@ import time
 import bench_report
 import ray
 
-from decode_worker.actor import start_decode_actor
+from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs, SamplingParams
 from engine.model_source import resolve_model
@@ -34,7 +34,9 @@ from router.control_client import ControlEndpoint, control_endpoint
 from router.handoff import start_request
 from wire.requests import GenerateRequest
 from wire.push_pull import TokenStream
-from prefill_worker.actor import start_prefill_actor
+from prefill_worker.actor import PrefillActor
+from prefill_worker.worker import PrefillWorkerConfig
+from runtime.ray_group import start_worker_actor
 
 MODES = ("colocated", "disaggregated")
 
@@ -52,11 +54,11 @@ def workload(args) -> list[list[int]]:
 
 def start_actors(mode: str, engine_args: EngineArgs, threads: int):
     if mode == "colocated":
-        decode = start_decode_actor(engine_args, DecodeWorkerConfig(local_prefill_threshold=10**9), threads)
+        decode = start_worker_actor(DecodeActor, engine_args, DecodeWorkerConfig(local_prefill_threshold=10**9), threads)
         return decode, None, [decode]
     half = max(1, threads // 2)
-    decode = start_decode_actor(engine_args, DecodeWorkerConfig(), half)
-    prefill = start_prefill_actor(engine_args, torch_threads=half)
+    decode = start_worker_actor(DecodeActor, engine_args, DecodeWorkerConfig(), half)
+    prefill = start_worker_actor(PrefillActor, engine_args, PrefillWorkerConfig(), half)
     return decode, prefill, [decode, prefill]
 
 

@@ -15,10 +15,11 @@ import os
 import signal
 import types
 
-from decode_worker.actor import start_decode_actor
+from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from prefill_worker.actor import start_prefill_actor
+from prefill_worker.actor import PrefillActor
+from runtime.ray_group import start_worker_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from router.app import create_app
 from router.config import RouterConfig
@@ -33,8 +34,8 @@ REPORT_ENV = "TANDEM_FAULT_REPORT"
 def fault_stack(ray, args: EngineArgs, config: RouterConfig, prefill: list[PrefillWorkerConfig],
                 decode: list[DecodeWorkerConfig]):  # fmt: skip
     """Yield the stack: `.server`, `.registry`, `.actors` (name -> handle). Every actor is killed on exit."""
-    actors = {c.name: start_prefill_actor(args, c) for c in prefill}
-    actors.update({c.name: start_decode_actor(args, c) for c in decode})
+    actors = {c.name: start_worker_actor(PrefillActor, args, c) for c in prefill}
+    actors.update({c.name: start_worker_actor(DecodeActor, args, c) for c in decode})
     app = create_app(config)
     ray.get([a.is_idle.remote() for a in actors.values()])  # built
     registry = app.state.router.registry

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import types
 
-from decode_worker.actor import start_decode_actor
+from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
 from router.control_client import control_endpoint
-from prefill_worker.actor import start_prefill_actor
+from prefill_worker.actor import PrefillActor
+from runtime.ray_group import start_worker_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from router.app import create_app
 from router.config import RouterConfig
@@ -35,8 +36,8 @@ def router_on_ray(ray, args: EngineArgs, config: RouterConfig, port: int = 0):
     On exit the workers must shut down clean (every block free); the actors are killed either way.
     """
     key = config.cluster_key.encoded() if config.cluster_key else ""  # as cluster/workers: in the worker's config
-    prefill = start_prefill_actor(args, PrefillWorkerConfig("prefill-0", cluster_key=key))
-    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0", cluster_key=key))
+    prefill = start_worker_actor(PrefillActor, args, PrefillWorkerConfig("prefill-0", cluster_key=key))
+    decode = start_worker_actor(DecodeActor, args, DecodeWorkerConfig("decode-0", cluster_key=key))
     app = create_app(config)
     ray.get([a.is_idle.remote() for a in (prefill, decode)])  # built: the cluster registers ready workers
     registry = app.state.router.registry

@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 
-from decode_worker.actor import start_decode_actor
+from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
 from wire.push_pull import TokenStream
-from prefill_worker.actor import start_prefill_actor
+from prefill_worker.actor import PrefillActor
+from runtime.ray_group import start_worker_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from tests.conftest import hf_greedy
 from tests.e2e.harness import PROMPTS, Driver, run_requests, wait_for
@@ -22,8 +23,8 @@ from tests.e2e.harness import PROMPTS, Driver, run_requests, wait_for
 @contextlib.contextmanager
 def _cluster(ray, model_dir: str, num_prefill: int, local_prefill_threshold: int = 0):
     args = EngineArgs(model=model_dir, num_kv_blocks=48, max_model_len=256, dtype="float32")
-    prefills = [start_prefill_actor(args, PrefillWorkerConfig(f"prefill-{i}")) for i in range(num_prefill)]
-    decode = start_decode_actor(args, DecodeWorkerConfig("decode-0", local_prefill_threshold=local_prefill_threshold))
+    prefills = [start_worker_actor(PrefillActor, args, PrefillWorkerConfig(f"prefill-{i}")) for i in range(num_prefill)]
+    decode = start_worker_actor(DecodeActor, args, DecodeWorkerConfig("decode-0", local_prefill_threshold=local_prefill_threshold))
     actors = [decode, *prefills]
     stream, driver = TokenStream(), Driver()
     try:

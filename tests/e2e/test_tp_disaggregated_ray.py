@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from decode_worker.actor import start_decode_actor, start_decode_tp_actors
+from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
 from kvtransfer.connector import TransferTimeouts
 from wire.push_pull import TokenStream
-from prefill_worker.actor import start_prefill_actor, start_prefill_tp_actors
+from prefill_worker.actor import PrefillActor
+from runtime.ray_group import start_tp_actors, start_worker_actor
 from prefill_worker.worker import PrefillWorkerConfig
 from tests.conftest import hf_greedy
 from tests.e2e.harness import PROMPTS, Driver, request, run_requests, start_request, wait_for
@@ -43,8 +44,10 @@ class _Single:
         ray.kill(self.rank0, no_restart=True)
 
 
-def _start(args: EngineArgs, config, start_one, start_tp):
-    return start_tp(args, config) if args.tensor_parallel_size > 1 else _Single(start_one(args, config))
+def _start(actor_cls, args: EngineArgs, config):
+    if args.tensor_parallel_size > 1:
+        return start_tp_actors(actor_cls, args, config)
+    return _Single(start_worker_actor(actor_cls, args, config))
 
 
 @contextlib.contextmanager
@@ -56,9 +59,8 @@ def _cluster(ray, model_dir: str, prefill_tp: int, decode_tp: int, timeouts: Tra
     workers, stream, driver = [], TokenStream(), Driver()
     try:
         decode_config = DecodeWorkerConfig("decode-tp", timeouts=timeouts, kv_transfer_failure=kv_transfer_failure)
-        workers.append(_start(args(decode_tp), decode_config, start_decode_actor, start_decode_tp_actors))
-        workers.append(_start(args(prefill_tp), PrefillWorkerConfig("prefill-tp", timeouts=timeouts), start_prefill_actor,
-                              start_prefill_tp_actors))  # fmt: skip
+        workers.append(_start(DecodeActor, args(decode_tp), decode_config))
+        workers.append(_start(PrefillActor, args(prefill_tp), PrefillWorkerConfig("prefill-tp", timeouts=timeouts)))
         decode, prefill = workers
         assert ray.get([worker.rank0.is_idle.remote() for worker in workers]) == [True, True]  # built and serving
         yield driver.endpoint(decode.rank0), driver.endpoint(prefill.rank0), stream
