@@ -1,6 +1,6 @@
 """Throughput of Tandem's `engine.LLM` against Hugging Face transformers (and optionally vLLM).
 
-Two workloads on the default model (SmolLM2-135M-Instruct), greedy, EOS ignored:
+Two workloads on the default model (SmolLM2-135M-Instruct, or --model DIR), greedy, EOS ignored:
 
   (a) batch 1: one ~32-token prompt, 128 output tokens. Also prints the
       memory-bandwidth bound: every decode step reads all weights once, so
@@ -16,6 +16,7 @@ Examples:
     python scripts/bench_engine.py                                 # both workloads
     python scripts/bench_engine.py --workload a --dtype bfloat16
     python scripts/bench_engine.py --output-len-scale 0.1          # quick check
+    python scripts/bench_engine.py --device cuda --model DIR       # on a GPU (scripts/gpu_check.py)
     python scripts/bench_engine.py --vllm-python /work/vllm-venv/bin/python \
         --markdown BENCHMARKS.md --json bench.json
 
@@ -47,25 +48,32 @@ from engine_baselines import MAX_MODEL_LEN, bench_hf, bench_vllm
 from engine_workloads import Result, Workload, warmup_workload, workload_a, workload_b
 
 
-def measure_copy_bandwidth(mib: int = 256, reps: int = 10) -> dict:
-    """Bytes/s of `dst.copy_(src)` on `mib` MiB tensors, with torch's current thread count.
+def measure_copy_bandwidth(mib: int = 256, reps: int = 10, device: str = "cpu") -> dict:
+    """Bytes/s of `dst.copy_(src)` on `mib` MiB tensors, with torch's current thread count (on CPU).
 
     A copy reads and writes every byte, so it moves 2x the tensor size. The best
     repetition is kept: it is the machine's capability, the others mostly measure
-    whatever else was running.
+    whatever else was running. On a GPU it is the device memory's bandwidth.
     """
     n = mib * 2**20 // 4
-    src = torch.ones(n, dtype=torch.float32)
+    src = torch.ones(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)  # first touch faults the pages in; not a bandwidth measurement
     times = []
     for _ in range(reps):
+        _synchronize(device)
         start = time.perf_counter()
         dst.copy_(src)
+        _synchronize(device)  # a CUDA copy returns before it is done
         times.append(time.perf_counter() - start)
     moved = 2 * src.numel() * src.element_size()
     times.sort()
     return {"best_bytes_s": moved / times[0], "median_bytes_s": moved / times[len(times) // 2], "mib": mib, "reps": reps}
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -88,10 +96,10 @@ def weight_bytes(model: torch.nn.Module) -> int:
 _request_ids = itertools.count()
 
 
-def load_tandem(dtype: str, kv_bytes: int):
+def load_tandem(dtype: str, kv_bytes: int, model: str | None = None, device: str = "cpu"):
     from engine import LLM
 
-    return LLM(model=None, dtype=dtype, kv_cache_memory=kv_bytes, max_model_len=MAX_MODEL_LEN)
+    return LLM(model=model, dtype=dtype, kv_cache_memory=kv_bytes, max_model_len=MAX_MODEL_LEN, device=device)
 
 
 def run_tandem(llm, workload: Workload, progress: bool = True) -> Result:
@@ -131,7 +139,7 @@ def _first_output(finished) -> list[int]:
 
 def bench_tandem(args, workloads: list[Workload], warmup: Workload) -> tuple[list[Result], dict]:
     print(f"[tandem] loading ({args.dtype})", file=sys.stderr)
-    llm = load_tandem(args.dtype, args.kv_cache_gib * 2**30)
+    llm = load_tandem(args.dtype, args.kv_cache_gib * 2**30, args.model, args.device)
     run_tandem(llm, warmup, progress=False)
     info = {
         "weight_bytes": weight_bytes(llm.engine.runner.model),
@@ -149,12 +157,14 @@ def bench_tandem(args, workloads: list[Workload], warmup: Workload) -> tuple[lis
 # ----------------------------------------------------------------------------- transformers
 
 
-def machine_info() -> dict:
+def machine_info(device: str = "cpu") -> dict:
     import transformers
 
     from engine.cpu_features import cpu_features
 
+    gpu = {"gpu": torch.cuda.get_device_name(device)} if device.startswith("cuda") else {}
     return {
+        **gpu,
         "cpu": cpu_features().model,
         "cores": len(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),
@@ -220,10 +230,12 @@ def markdown_section(args, machine: dict, info: dict, workloads: list[Workload],
         f"## Engine throughput, {now}",
         "",
         f"- Command: `{cmd}`",
-        f"- Machine: {machine['cpu']} ({bench_report.instruction_set()}), {machine['cores']} cores, "
+        f"- Machine: {machine['gpu'] + ', host ' if 'gpu' in machine else ''}"
+        f"{machine['cpu']} ({bench_report.instruction_set()}), {machine['cores']} cores, "
         f"torch threads {machine['torch_threads']}, "
         f"torch {machine['torch']}, transformers {machine['transformers']}",
-        f"- Model: SmolLM2-135M-Instruct ({args.dtype}), `{info['tandem'].get('model_dir', '?')}`",
+        f"- Model: {args.model or 'SmolLM2-135M-Instruct'} ({args.dtype}, {args.device}), "
+        f"`{info['tandem'].get('model_dir', '?')}`",
         f"- Tandem: KV cache {args.kv_cache_gib} GiB, max_num_batched_tokens "
         f"{info['tandem'].get('max_num_batched_tokens')}, max_model_len {MAX_MODEL_LEN}; "
         f"transformers: static batches of {args.hf_batch_size}, left padded",
@@ -279,6 +291,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-len-scale", type=float, default=1.0, help="multiply every output length (quick checks)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--kv-cache-gib", type=int, default=4, help="KV cache for Tandem and vLLM")
+    p.add_argument("--model", default=None, help="a model directory (default: the default model, SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda for Tandem and transformers (not vLLM's CPU build)")
     p.add_argument("--vllm-python", default=None, help="python of a virtualenv with vLLM (CPU build)")
     p.add_argument("--vllm-timeout", type=int, default=1800, help="seconds before the vLLM worker is abandoned")
     p.add_argument("--skip-hf", action="store_true", help="leave transformers out")
@@ -287,6 +301,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.output_len_scale <= 0:
         p.error("--output-len-scale must be positive")
+    if args.vllm_python and args.device != "cpu":
+        p.error("--vllm-python runs vLLM's CPU build: leave --device at cpu")
     return args
 
 
@@ -310,15 +326,15 @@ def main(argv=None) -> int:
 
     from engine.model_source import resolve_model
 
-    model_dir = str(resolve_model(None))
+    model_dir = str(resolve_model(args.model))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     workloads, warmup = build_workloads(args, tokenizer), warmup_workload(tokenizer)
-    machine = machine_info()
+    machine = machine_info(args.device)
     print(f"[bench] {machine}", file=sys.stderr)
 
     bound = None
     if any(w.name == "a" for w in workloads):
-        bw = measure_copy_bandwidth()
+        bw = measure_copy_bandwidth(device=args.device)
         bound = {"bandwidth_bytes_s": bw["best_bytes_s"], "threads": torch.get_num_threads(), **bw}
 
     results, info = [], {}

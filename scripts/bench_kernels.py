@@ -15,18 +15,23 @@ block size 16):
 On CUDA both the kernel and the reference run. On CPU only the references run
 (the Triton kernels need a GPU; the interpreter is for correctness, not speed)
 and the output says so. The CPU peak is the measured copy bandwidth.
+`--smoke` shrinks every case to a few blocks: its figures mean nothing, it only
+proves the script runs (scripts/gpu_check.py's dry run).
 
     python scripts/bench_kernels.py                      # CUDA if present, else CPU
     python scripts/bench_kernels.py --markdown BENCHMARKS.md
+    python scripts/bench_kernels.py --json kernels.json  # the rows and the peak, for scripts/gpu_check.py
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import platform
 import statistics
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -51,10 +56,9 @@ def paged_cache(num_seqs: int, ctx: int, dtype, device):
     return k, v, tables
 
 
-def case_cache_write(dtype, device):
+def case_cache_write(dtype, device, tokens: int = 8192):
     from engine.kernels import cache_write
 
-    tokens = 8192
     k_cache, v_cache, _ = paged_cache(tokens // BLOCK_SIZE, BLOCK_SIZE, dtype, device)
     key = torch.randn(tokens, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
     slots = torch.randperm(tokens, device=device)
@@ -76,9 +80,9 @@ def case_decode(dtype, device, batch: int = 64, ctx: int = 2048):
     return name, args, {"max_seq_len": ctx}, moved, flops, decode_attention, "paged_decode_attention"
 
 
-def case_long_decode(dtype, device):
+def case_long_decode(dtype, device, batch: int = 4, ctx: int = 16384):
     # Few sequences: the kernel must split along the context to fill the GPU.
-    return case_decode(dtype, device, batch=4, ctx=16384)
+    return case_decode(dtype, device, batch=batch, ctx=ctx)
 
 
 def case_prefill(dtype, device, chunks: int = 8, new: int = 512, cached: int = 1536):
@@ -94,6 +98,15 @@ def case_prefill(dtype, device, chunks: int = 8, new: int = 512, cached: int = 1
     visible_keys = chunks * sum(cached + j + 1 for j in range(new))
     flops = 4 * NUM_HEADS * visible_keys * HEAD_DIM
     return "prefill", args, {}, moved, flops, prefill_attention, "paged_prefill_attention"
+
+
+# --smoke: each case at a few blocks (the same code paths, the long decode still longer than the rest).
+SMOKE_SIZES = {
+    case_cache_write: dict(tokens=256),
+    case_decode: dict(batch=4, ctx=256),
+    case_long_decode: dict(batch=2, ctx=1024),
+    case_prefill: dict(chunks=2, new=64, cached=64),
+}
 
 
 def time_call(fn, device, reps: int) -> float:
@@ -187,6 +200,8 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="every case at a few blocks: proves the script runs")
+    parser.add_argument("--json", default=None, help="write the rows, the peak and the device to this JSON file")
     bench_report.add_markdown_option(parser)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -196,14 +211,18 @@ def main(argv=None) -> None:
     peak, peak_source = device_peak(device)
     rows = []
     for make in (case_cache_write, case_decode, case_long_decode, case_prefill):
-        rows += run_case(make(dtype, device), device, args.reps)
+        rows += run_case(make(dtype, device, **(SMOKE_SIZES[make] if args.smoke else {})), device, args.reps)
     result = table(rows, peak)
+    smoke = " --smoke" if args.smoke else ""
     header = [
-        f"- Command: `python scripts/bench_kernels.py --device {args.device} --reps {args.reps}` (dtype {dtype})",
+        f"- Command: `python scripts/bench_kernels.py --device {args.device} --reps {args.reps}{smoke}` (dtype {dtype})",
         f"- Machine: {machine(device)}, commit {_commit()}",
         f"- Peak: {peak / 1e9:.1f} GB/s ({peak_source})",
     ] + ([f"- {note}"] if note else [])
     print("\n".join(header) + "\n\n" + result)
+    if args.json:
+        raw = dict(device=machine(device), dtype=str(dtype), peak_bytes_s=peak, peak_source=peak_source, rows=rows)
+        Path(args.json).write_text(json.dumps(raw, indent=1))
     if args.markdown:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
         record = f"### Kernels on {device.type}, {stamp}\n\n" + "\n".join(header) + "\n\n" + result + "\n"

@@ -23,10 +23,10 @@ WORKER = Path(__file__).with_name("_vllm_bench_worker.py")
 MAX_MODEL_LEN = 2048
 
 
-def load_hf(model_dir: str, dtype: str):
+def load_hf(model_dir: str, dtype: str, device: str = "cpu"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval().to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"  # decoder-only generation pads on the left
     if tokenizer.pad_token_id is None:
@@ -39,7 +39,7 @@ def hf_generate_batch(model, tokenizer, prompts: list[list[int]], new_tokens: in
     """Greedy `generate` of exactly `new_tokens` tokens for a left-padded batch; returns new ids."""
     from transformers import GenerationConfig
 
-    batch = tokenizer.pad({"input_ids": prompts}, padding=True, return_tensors="pt")
+    batch = tokenizer.pad({"input_ids": prompts}, padding=True, return_tensors="pt").to(model.device)
     config = GenerationConfig(
         do_sample=False,
         max_new_tokens=new_tokens,
@@ -76,8 +76,8 @@ def run_hf(model, tokenizer, workload: Workload, batch_size: int, progress: bool
 
 
 def bench_hf(args, model_dir: str, workloads: list[Workload], warmup: Workload) -> list[Result]:
-    print(f"[transformers] loading ({args.dtype})", file=sys.stderr)
-    model, tokenizer = load_hf(model_dir, args.dtype)
+    print(f"[transformers] loading ({args.dtype}, {args.device})", file=sys.stderr)
+    model, tokenizer = load_hf(model_dir, args.dtype, args.device)
     run_hf(model, tokenizer, warmup, args.hf_batch_size, progress=False)
     results = [run_hf(model, tokenizer, w, args.hf_batch_size) for w in workloads]
     del model

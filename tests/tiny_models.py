@@ -91,8 +91,13 @@ def build_tiny_model(out_dir: str | Path, arch: str = "llama", seed: int = 0, ma
     out = Path(out_dir)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out, safe_serialization=True, **kwargs)
-    _tokenizer().save_pretrained(out)
+    save_tokenizer(out)
     return out
+
+
+def save_tokenizer(out_dir: str | Path) -> None:
+    """The tiny byte-level BPE tokenizer (ids below VOCAB_SIZE), for a model built elsewhere."""
+    _tokenizer().save_pretrained(out_dir)
 
 
 def main() -> None:

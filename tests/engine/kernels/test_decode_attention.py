@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
-from tests.engine.kernels.paged_inputs import paged_batch
+from tests.engine.kernels.paged_inputs import TOLERANCE, in_float32, paged_batch
 
 # (block_size, head_dim, num_kv_heads, group, seq_lens, num_splits); lengths on and off block multiples.
 CASES = [
@@ -18,12 +18,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("block_size,head_dim,num_kv_heads,group,seq_lens,num_splits", CASES)
-def test_decode_matches_reference(block_size, head_dim, num_kv_heads, group, seq_lens, num_splits):
-    batch = paged_batch(seq_lens, [1] * len(seq_lens), block_size, num_kv_heads, group, head_dim)
+def check_decode(block_size, head_dim, num_kv_heads, group, seq_lens, num_splits, dtype=torch.float32, device="cpu"):
+    batch = paged_batch(seq_lens, [1] * len(seq_lens), block_size, num_kv_heads, group, head_dim, dtype, device)
     args = (batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens, head_dim**-0.5)
     out = paged_decode_attention(*args, max_seq_len=max(seq_lens), num_splits=num_splits)
-    torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=2e-5, rtol=1e-4)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), paged_decode_attention_ref(*in_float32(args)), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("block_size,head_dim,num_kv_heads,group,seq_lens,num_splits", CASES)
+def test_decode_matches_reference(block_size, head_dim, num_kv_heads, group, seq_lens, num_splits):
+    check_decode(block_size, head_dim, num_kv_heads, group, seq_lens, num_splits)
 
 
 def test_decode_writes_into_a_given_output_slice():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
-from tests.engine.kernels.paged_inputs import paged_batch
+from tests.engine.kernels.paged_inputs import TOLERANCE, in_float32, paged_batch
 
 # (block_size, head_dim, num_kv_heads, group, seq_lens, query_lens). A chunk shorter than its
 # sequence extends a cached prefix (an earlier chunk or a prefix hit); 21 cached of block 16
@@ -17,9 +17,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("block_size,head_dim,num_kv_heads,group,seq_lens,query_lens", CASES)
-def test_prefill_matches_reference(block_size, head_dim, num_kv_heads, group, seq_lens, query_lens):
-    batch = paged_batch(seq_lens, query_lens, block_size, num_kv_heads, group, head_dim)
+def check_prefill(block_size, head_dim, num_kv_heads, group, seq_lens, query_lens, dtype=torch.float32, device="cpu"):
+    batch = paged_batch(seq_lens, query_lens, block_size, num_kv_heads, group, head_dim, dtype, device)
     args = (
         batch.query,
         batch.key_cache,
@@ -32,4 +31,10 @@ def test_prefill_matches_reference(block_size, head_dim, num_kv_heads, group, se
     )
     # Query tiles of 16 rows: chunks longer than one tile check the tile boundaries.
     out = paged_prefill_attention(*args, block_m=16)
-    torch.testing.assert_close(out, paged_prefill_attention_ref(*args), atol=2e-5, rtol=1e-4)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), paged_prefill_attention_ref(*in_float32(args)), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("block_size,head_dim,num_kv_heads,group,seq_lens,query_lens", CASES)
+def test_prefill_matches_reference(block_size, head_dim, num_kv_heads, group, seq_lens, query_lens):
+    check_prefill(block_size, head_dim, num_kv_heads, group, seq_lens, query_lens)
