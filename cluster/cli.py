@@ -52,6 +52,7 @@ _FLAG_FIELDS = {
     "num_prefill": "prefill.replicas",
     "num_decode": "decode.replicas",
     "kv_transfer_failure": "kv_transfer_failure",
+    "cpu_pinning": "cpu_pinning",
 }
 _BOTH_POOLS = {"dtype": "dtype", "tensor_parallel_size": "tensor_parallel_size", "torch_threads": "torch_threads"}
 
@@ -63,6 +64,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--served-model-name")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="default 8000")
+    p.add_argument("--cpu-pinning", action=argparse.BooleanOptionalAction, default=None,
+                   help="one machine without GPUs: each worker rank on cores of its own (default: on)")
     p.add_argument("--kv-transfer-failure", choices=("recompute", "fail"),
                    help="a failed KV transfer: decode prefills the prompt itself (default) or the request fails")
     _api_key_flag(p, "required on /v1/* as `Authorization: Bearer KEY` (/admin/* takes the admin token)")
@@ -139,8 +142,10 @@ def serve(args: argparse.Namespace) -> None:
     try:
         from cluster.layout import Machines, choose_layout
 
-        spec, why = choose_layout(spec, Machines.of_ray_cluster())
+        machines = Machines.of_ray_cluster()
+        spec, why = choose_layout(spec, machines)
         print(f"tandem: {where}; layout: {why}", flush=True)
+        _keep_off_worker_cores(spec, machines)
         deployment = Deployment(spec)
         deployment.start()
         lifeline.watch_controller(deployment.controller)
@@ -169,6 +174,21 @@ def serve(args: argparse.Namespace) -> None:
     print("tandem: stopped", flush=True)
     if gone is not None:
         raise gone  # main: the message, status 1
+
+
+def _keep_off_worker_cores(spec, machines) -> None:
+    """One machine without GPUs, pinned workers (`cluster.core_map`): this process (the router) goes on the
+    cores the workers leave over, else on the prefill ranks'. Ray's daemons, started before, stay unpinned."""
+    import os
+
+    from cluster.core_map import core_map_for, serve_process_cores
+    from runtime.cpu_pinning import pin_this_process
+
+    cores = tuple(os.sched_getaffinity(0))
+    if machines.nodes > 1 or machines.gpus or core_map_for(spec, cores) is None:
+        return
+    pinned = pin_this_process(serve_process_cores(spec, cores))
+    print(f"tandem: router on cores {','.join(map(str, pinned))}", flush=True)
 
 
 def _ending(lifeline) -> str:

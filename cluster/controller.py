@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cluster.autoscaler import Autoscaler
+from cluster.core_map import CoreMap
 from cluster.heartbeat import WorkerWatch
 from cluster.restart_backoff import next_streak, restart_delay
 from cluster.spec import ClusterSpec, with_overrides
@@ -52,12 +53,14 @@ class WorkerFailure:
 
 
 class Controller:
-    def __init__(self, spec: ClusterSpec, router, launcher=launch, remember_sizes=None, clock=time.monotonic):
+    def __init__(self, spec: ClusterSpec, router, launcher=launch, remember_sizes=None, clock=time.monotonic,
+                 cores: CoreMap | None = None):  # fmt: skip
         """`router`: register(worker) / unregister(name) / drain(name) / adopt(workers) / snapshot(), e.g. a
-        `Membership`. `launcher(spec, role, name, restarts)` starts a worker (`cluster.workers.launch`);
-        `remember_sizes(sizes)` keeps each scale's pool sizes for a restarted controller (`cluster.ledger`);
-        `clock` times heartbeats (tests pass their own)."""
-        self.spec, self.router, self.launcher, self.clock = spec, router, launcher, clock
+        `Membership`. `launcher(spec, role, name, restarts[, core_sets=])` starts a worker
+        (`cluster.workers.launch`); `remember_sizes(sizes)` keeps each scale's pool sizes for a restarted
+        controller (`cluster.ledger`); `clock` times heartbeats (tests pass their own); `cores`: the machine's
+        cores to hand out, a set per rank (`cluster.core_map`; None: every rank on every core)."""
+        self.spec, self.router, self.launcher, self.clock, self.cores = spec, router, launcher, clock, cores
         self.remember_sizes = remember_sizes or (lambda sizes: None)
         self.workers: dict[str, PoolWorker] = {}
         self.events: list[str] = []  # what the controller did, newest last (status shows the tail)
@@ -73,14 +76,17 @@ class Controller:
     def start(self) -> None:
         """Launch both pools and register them; then watch health on a thread."""
         self.scale({role: self.spec.pool(role).replicas for role in ROLES})
+        if self.cores is not None:
+            self._log(self.cores.describe())
         self._start_threads()
 
     def resume(self, serving: list[PoolWorker], broken: list[tuple[PoolWorker, str]], sizes: dict | None) -> None:
         """Take over the workers a previous controller left (`cluster.adoption.Found`): the serving ones as
         they are (the router keeps them), the broken ones replaced; then the pools back to `sizes`."""
         with self._lock:
-            for worker in [*serving, *(w for w, _ in broken)]:
+            for worker in sorted([*serving, *(w for w, _ in broken)], key=_launch_order):
                 self.workers[worker.name] = worker
+                self._claim_cores(worker.role, worker.name)  # as they were claimed at launch (same order)
                 index = int(worker.name.rsplit("-", 1)[1])
                 self._names[worker.role] = itertools.count(max(index + 1, next(self._names[worker.role])))
         self.router.adopt(serving)
@@ -117,7 +123,7 @@ class Controller:
 
     def _add(self, names: list[str], role: str) -> None:
         # Launch all first: the actors build their engines at the same time.
-        started = [self.launcher(self.spec, role, name, 0) for name in names]
+        started = [self._launch(role, name, 0) for name in names]
         try:
             for worker in started:
                 worker.wait_ready(self.spec.health.start_timeout_s, self._stop)
@@ -142,9 +148,23 @@ class Controller:
             with self._lock:  # by name: a restart may have replaced the worker meanwhile (it then kills its own)
                 worker = self.workers.pop(name, None)
             self.router.unregister(name)
+            if self.cores is not None:
+                self.cores.release(name)
             if worker is not None:
                 clean = worker.stop(self.spec.health.timeout_s)
                 self._log(f"{name} removed ({'drained' if clean else 'stopped before its blocks were free'})")
+
+    def _launch(self, role: str, name: str, restarts: int) -> PoolWorker:
+        """A worker of `role` named `name`, on its own cores when the machine's map has room for it."""
+        core_sets = self._claim_cores(role, name)
+        extra = {"core_sets": core_sets} if core_sets else {}
+        return self.launcher(self.spec, role, name, restarts, **extra)
+
+    def _claim_cores(self, role: str, name: str) -> tuple[tuple[int, ...], ...]:
+        if self.cores is None:
+            return ()
+        pool = self.spec.pool(role)
+        return self.cores.claim(name, role, pool.tensor_parallel_size, pool.torch_threads or 0)
 
     def _drained(self, name: str) -> bool:
         alive, _, in_flight, _ = self.router.snapshot().get(name, (False, True, 0, None))
@@ -250,7 +270,7 @@ class Controller:
         return quick_deaths
 
     def _relaunch(self, old: PoolWorker, restarts: int, quick_deaths: int) -> PoolWorker:
-        new = self.launcher(self.spec, old.role, old.name, restarts)
+        new = self._launch(old.role, old.name, restarts)
         try:
             new.wait_ready(self.spec.health.start_timeout_s, self._stop)
         except BaseException:
@@ -339,3 +359,8 @@ class Controller:
         logger.info(event)
         with self._lock:
             self.events = [*self.events[-49:], f"{time.strftime('%H:%M:%S')} {event}"]
+
+
+def _launch_order(worker) -> tuple[int, int]:
+    """Prefill before decode, by index: the order `scale` launches (and claims cores) in."""
+    return ROLES.index(worker.role), int(worker.name.rsplit("-", 1)[1])

@@ -34,7 +34,9 @@ from cluster.membership import Membership
 from cluster.membership_service import MembershipService
 from cluster.orphans import ServingProcess, watch_serving_process
 from cluster.spec import ClusterSpec, SpecError
+from cluster.core_map import serve_process_cores
 from cluster.workers import launch
+from runtime.cpu_pinning import pin_this_process
 from wire.socket_security import ClusterKey
 
 logger = logging.getLogger("tandem.cluster")
@@ -48,7 +50,11 @@ class ControllerActor:
         self.namespace = namespace
         self.membership = Membership(ack_timeout_s=spec.health.timeout_s * 3)
         remember = functools.partial(ledger.save_sizes, namespace) if namespace else None
-        self.controller = Controller(spec, self.membership, functools.partial(launch, namespace=namespace), remember)
+        cores = _core_map(spec)
+        if cores is not None:  # off the workers' cores, beside the router (it is mostly idle)
+            pin_this_process(serve_process_cores(spec, cores.cores))
+        self.controller = Controller(spec, self.membership, functools.partial(launch, namespace=namespace), remember,
+                                     cores=cores)  # fmt: skip
         self.started = namespace is not None and _restarted()
         if self.started:
             self._take_over(spec)
@@ -131,6 +137,20 @@ def _restarted() -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Ray's property warns about an API it uses inside
         return ray.get_runtime_context().was_current_actor_reconstructed
+
+
+def _core_map(spec: ClusterSpec):
+    """This machine's cores to hand out, a set per worker rank, when the deployment is this machine alone
+    without GPUs (`cluster.core_map`); None otherwise."""
+    import os
+
+    from cluster.core_map import core_map_for
+    from cluster.layout import Machines
+
+    machines = Machines.of_ray_cluster()
+    if machines.nodes > 1 or machines.gpus:
+        return None
+    return core_map_for(spec, tuple(os.sched_getaffinity(0)))
 
 
 def start_controller(spec: ClusterSpec, namespace: str | None = None):

@@ -192,6 +192,9 @@ class ClusterSpec(_Strict):
     data_plane: Literal["loopback", "node_ip"] = "loopback"
     # A KV transfer that fails: decode prefills the prompt itself (recompute) or the request ends with an error.
     kv_transfer_failure: Literal["recompute", "fail"] = "recompute"
+    # One machine without GPUs: each worker rank on cores of its own (cluster.core_map), so one phase's
+    # steps cannot slow the other's through the CPU; off: every rank shares every core.
+    cpu_pinning: bool = True
     engine: EngineSpec = EngineSpec()
     router: RouterSpec = RouterSpec()
     prefill: PoolSpec = PoolSpec()

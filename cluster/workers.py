@@ -212,12 +212,14 @@ def tp_names(namespace: str | None, worker: str, restarts: int) -> TPNames | Non
                    group_name(namespace, worker, restarts))  # fmt: skip
 
 
-def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace: str | None = None) -> PoolWorker:
+def launch(spec: ClusterSpec, role: str, name: str, restarts: int = 0, namespace: str | None = None,
+           core_sets: tuple[tuple[int, ...], ...] = ()) -> PoolWorker:  # fmt: skip
     """Start one worker of `role`'s pool named `name`, placed as its pool says (TP=1: returns at once).
 
-    With `namespace`, its actors (and placement group) are named there and detached (`cluster.actor_names`)."""
+    With `namespace`, its actors (and placement group) are named there and detached (`cluster.actor_names`).
+    `core_sets`: rank r runs on core_sets[r] alone (`cluster.core_map`); (): on every core."""
     pool, args = spec.pool(role), engine_args_for(spec, role)
-    config = worker_config(spec, role, name)
+    config = dataclasses.replace(worker_config(spec, role, name), core_sets=core_sets)
     actor_cls = ACTOR_CLASSES[role]
     if pool.tensor_parallel_size == 1:
         named = detached(namespace, rank0_name(name, restarts))

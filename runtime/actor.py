@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from runtime.cpu_pinning import pin_this_process
 from runtime.follower import FollowerHost, FollowerRole
 from runtime.hosting import HostedWorker
 from runtime.load_board import LoadBoard
@@ -36,6 +37,10 @@ class WorkerActor:
     def __init__(self, engine_args, config, torch_threads: int | None = 1, rank: int | None = None):
         use_cluster_key(config.cluster_key)  # before any socket of this process opens
         run_at_normal_priority(config.name)
+        cores = config.core_sets[rank or 0] if config.core_sets else ()
+        if cores:  # before torch starts its threads: they inherit the set
+            print(f"tandem: {config.name} rank {rank or 0} on cores {','.join(map(str, pin_this_process(cores)))}",
+                  flush=True)  # fmt: skip
         if torch_threads is not None:
             import torch
 

@@ -27,6 +27,8 @@ class WorkerConfig:
     # before any socket opens (wire.socket_security.use_cluster_key): it travels in the actor's creation
     # arguments, never in Ray's runtime_env.
     cluster_key: str = field(default="", repr=False)
+    # Rank r runs on core_sets[r] only (runtime.cpu_pinning; cluster.core_map hands them out); (): unpinned.
+    core_sets: tuple[tuple[int, ...], ...] = ()
 
     @property
     def bind_address(self) -> str:

@@ -98,18 +98,21 @@ class FakeEndpoint:
 
 
 class FakeLauncher:
-    """`launch(spec, role, name, restarts)`; `building[name]` (if set) runs inside that worker's `wait_ready`."""
+    """`launch(spec, role, name, restarts, core_sets)`; `building[name]` (if set) runs inside that worker's
+    `wait_ready`."""
 
     def __init__(self, tp_size: int = 1):
         self.tp_size = tp_size
         self.launched: list[FakeWorker] = []
         self.building: dict[str, object] = {}
+        self.core_sets: dict[str, list] = {}  # name -> the core sets each of its launches got
         self._lock = threading.Lock()
 
-    def __call__(self, spec, role: str, name: str, restarts: int = 0) -> FakeWorker:
+    def __call__(self, spec, role: str, name: str, restarts: int = 0, core_sets=()) -> FakeWorker:
         worker = FakeWorker(name, role, restarts, tp_size=self.tp_size, building=self.building.get(name))
         with self._lock:
             self.launched.append(worker)
+            self.core_sets.setdefault(name, []).append(core_sets)
         return worker
 
     def names(self) -> list[str]:

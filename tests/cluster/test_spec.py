@@ -94,6 +94,11 @@ def test_no_prefill_pool_is_colocated_mode_and_torch_threads_reach_both_pools():
     assert decode_config(ClusterSpec(), "d0").local_prefill_threshold == 0  # a prefill pool prefills them all
 
 
+def test_cpu_pinning_is_on_unless_turned_off():
+    assert spec_from_args(parse_args(["serve"])).cpu_pinning
+    assert not spec_from_args(parse_args(["serve", "--no-cpu-pinning"])).cpu_pinning
+
+
 def test_the_cli_reports_a_bad_flag_without_a_traceback(capsys):
     with pytest.raises(SystemExit, match="decode.replicas must be >= 1"):
         main(["serve", "--num-decode", "0"])
