@@ -31,9 +31,9 @@ class PoolSignals:
 
 
 def pool_signals(names: list[str], snapshot: dict, latency_s: float | None) -> PoolSignals:
-    """From `Membership.snapshot()` (name -> (alive, draining, in_flight, WorkerLoad)), over one pool's workers."""
-    states = [snapshot[name] for name in names if name in snapshot]
-    loads = [load for alive, _, _, load in states if alive and load is not None]
+    """From `Membership.snapshot()` (name -> `MemberView`), over one pool's workers."""
+    views = [snapshot[name] for name in names if name in snapshot]
+    loads = [view.load for view in views if view.alive and view.load is not None]
     if not loads:
         return PoolSignals(0, 0.0, 0.0, latency_s)
     usage = [1 - load.free_blocks / load.total_blocks if load.total_blocks else 0.0 for load in loads]

@@ -167,12 +167,12 @@ class Controller:
         return self.cores.claim(name, role, pool.tensor_parallel_size, pool.torch_threads or 0)
 
     def _drained(self, name: str) -> bool:
-        alive, _, in_flight, _ = self.router.snapshot().get(name, (False, True, 0, None))
+        view = self.router.snapshot().get(name)
         worker = self.workers.get(name)
-        if not alive or worker is None:
+        if view is None or not view.alive or worker is None:
             return True
         try:
-            return in_flight == 0 and worker.is_idle(self.spec.health.timeout_s)
+            return view.in_flight == 0 and worker.is_idle(self.spec.health.timeout_s)
         except Exception:
             return True  # died while draining: nothing left to wait for
 
@@ -202,7 +202,7 @@ class Controller:
         for worker in workers:
             state = states.get(worker.name)  # absent: not synced yet (just adopted), not dead
             try:
-                dead_to_router = state is not None and not state[0]
+                dead_to_router = state is not None and not state.alive
                 reason = "the router marked it dead" if dead_to_router else self._watch(worker).check()
             except Exception:  # a fault of ours, not the worker's: no restart for it, and the others still watched
                 logger.exception("reading %s's heartbeat failed", worker.name)

@@ -67,10 +67,10 @@ class Membership:
         self._change(lambda wanted: wanted.pop(name))
         self._wait_for(lambda report: name not in report, f"{name} unregistered")
 
-    def snapshot(self) -> dict:
-        """name -> (alive, draining, in_flight, WorkerLoad or None), from the router's last report."""
+    def snapshot(self) -> dict[str, MemberView]:
+        """name -> the router's view of it (alive, draining, in_flight, its last load), from its last report."""
         with self._changed:
-            return {name: (v.alive, v.draining, v.in_flight, v.load) for name, v in self._report.items()}
+            return dict(self._report)
 
     # ---- the router's side ----------------------------------------------------
     def sync(self, report: MembershipReport) -> WantedMembership:

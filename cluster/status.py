@@ -17,10 +17,12 @@ def cluster_status(controller) -> dict:
     return {"pools": pools, "nodes": _nodes(), "events": controller.events[-10:]}
 
 
-def _worker(worker, state) -> dict:
-    alive, draining, in_flight, load = state if state is not None else (False, False, 0, None)
-    out = {"name": worker.name, "node_id": worker.node_id, "alive": alive, "draining": draining,
-           "in_flight": in_flight, "restarts": worker.restarts}  # fmt: skip
+def _worker(worker, view) -> dict:
+    """`view`: the router's `MemberView` of it (None: not reported yet)."""
+    out = {"name": worker.name, "node_id": worker.node_id, "alive": view is not None and view.alive,
+           "draining": view is not None and view.draining, "in_flight": view.in_flight if view is not None else 0,
+           "restarts": worker.restarts}  # fmt: skip
+    load = view.load if view is not None else None
     if load is not None:
         out.update(waiting=load.waiting, running=load.running, free_blocks=load.free_blocks,
                    total_blocks=load.total_blocks, prefix_cache_hit_rate=load.prefix_cache_hit_rate)  # fmt: skip

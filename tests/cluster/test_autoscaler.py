@@ -1,12 +1,13 @@
 from cluster.autoscaler import Autoscaler, PoolSignals, next_size, pool_signals
 from cluster.spec import AutoscaleSpec, PoolAutoscale
+from wire.membership import MemberView
 from wire.requests import WorkerLoad
 
 TARGET = PoolAutoscale(min_replicas=1, max_replicas=3, max_waiting_per_worker=4, max_kv_usage=0.8, max_latency_s=0.5)
 
 
 def _state(waiting=0, free=100, total=100, alive=True):
-    return (alive, False, 0, WorkerLoad("w", waiting, 0, 0, free, total, 0.0))
+    return MemberView("w", "", alive, False, 0, WorkerLoad("w", waiting, 0, 0, free, total, 0.0))
 
 
 def test_signals_average_the_live_workers_of_the_pool_only():

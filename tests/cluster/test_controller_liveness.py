@@ -132,6 +132,6 @@ def test_a_worker_the_router_marked_dead_is_restarted(cluster):
     controller, _, _ = cluster
     worker, _ = _decode0(controller)
     controller.router.dead.add("decode-0")
-    wait_for(lambda: not controller.router.snapshot()["decode-0"][0], "the router's report")
+    wait_for(lambda: not controller.router.snapshot()["decode-0"].alive, "the router's report")
     (failure,) = controller.check_health()
     assert failure.worker is worker and failure.reason == "the router marked it dead"
