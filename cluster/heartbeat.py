@@ -1,17 +1,19 @@
-"""A worker's heartbeats as the controller reads them, judged by `wire.liveness`.
+"""A worker's ranks as the controller watches them: what the router cannot see.
 
-Every rank of a worker is probed on its own: rank 0 by its `load()` (a
-`WorkerLoad`, answered by the worker's I/O thread whatever its step loop does),
-a tensor-parallel follower by Ray's readiness call, so a dead follower is seen
-within seconds through its own heartbeat rather than when rank 0's collective
-times out. One call is in flight per rank: a rank that does not answer is not
-sent a pile of calls to answer later. Each `check` is non-blocking:
+One judge of a worker's health: the router's (`router.registry`), which reads rank 0's `load()` over its
+control socket and takes it for dead when it is silent, wedged in a step or failing every step; the
+controller acts on that verdict (`Controller.check_health`: "the router marked it dead"). What the router
+cannot see is watched here, through Ray: a rank's process gone (rank 0's or a tensor-parallel follower's,
+so a dead follower is seen within seconds rather than when rank 0's collective times out) or out of
+Ray's reach for long. Every rank is probed by Ray's readiness call, answered beside a running step. One
+call is in flight per rank: a rank that does not answer is not sent a pile of calls to answer later.
+Each `check` is non-blocking:
 
-    answered          `Liveness.answered(load)`: dead if wedged or failing every step
+    answered          alive (`Liveness.answered`: its misses are forgotten)
     no answer yet     one miss per `timeout_s` of waiting (`Liveness.missed`): dead only
                       after several in a row and a silence (busy is not dead)
     Ray: actor dead   dead at once (its process or its node is gone)
-    the call failed   a miss (the worker answered with an error, or Ray could not reach it for now)
+    the call failed   a miss (Ray could not reach it for now)
 
 Ownership: the controller keeps one `WorkerWatch` per worker it serves and drops
 it with the worker; the probes (`PoolWorker.probes`) know how to reach each rank.
@@ -26,15 +28,14 @@ from typing import Callable, Protocol
 from wire.liveness import Liveness, LivenessPolicy
 from wire.requests import WorkerLoad
 
-# A follower's readiness says only that its process answers; rank 0's load carries the group's step health.
-FOLLOWER_ALIVE = WorkerLoad("follower", 0, 0, 0, 0, 0, 0.0)
+# A readiness answer says only that the rank's process answers; step health is the router's to judge.
+READY = WorkerLoad("ready", 0, 0, 0, 0, 0, 0.0)
 
 
 @dataclass(frozen=True)
 class Answer:
-    """What one heartbeat call came back with."""
+    """What one readiness call came back with."""
 
-    load: WorkerLoad = FOLLOWER_ALIVE
     error: str = ""  # the call failed: why
     gone: bool = False  # Ray reports the actor dead: no later call will answer
 
@@ -72,7 +73,7 @@ class RankWatch:
             return f"Ray reports it dead ({answer.error})"
         if answer.error:
             return self.liveness.missed(answer.error)
-        return self.liveness.answered(answer.load)
+        return self.liveness.answered(READY)
 
 
 class WorkerWatch:

@@ -37,9 +37,7 @@ from cluster.spec import ClusterSpec, PoolSpec
 from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine.llm_engine import EngineArgs
-from wire.codec import decode
 from router.control_client import ControlEndpoint, control_endpoint
-from wire.requests import WorkerLoad
 from prefill_worker.actor import PrefillActor
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.ray_group import TPNames, start_tp_actors, start_worker_actor
@@ -111,9 +109,9 @@ class PoolWorker:
         self.control_address = ray.get(self.rank0.control_address.remote(), timeout=timeout_s)
 
     def probes(self) -> list[RayProbe]:
-        """A heartbeat per rank (`cluster.heartbeat`): rank 0's `load()`, each follower's readiness."""
+        """A readiness probe per rank (`cluster.heartbeat`): rank 0's health beyond that is the router's to judge."""
         followers = self.tp.followers if self.tp is not None else []
-        return [RayProbe(0, self.rank0, "load"), *(RayProbe(r, f, "__ray_ready__") for r, f in enumerate(followers, 1))]
+        return [RayProbe(rank, actor) for rank, actor in enumerate([self.rank0, *followers])]
 
     def is_idle(self, timeout_s: float) -> bool:
         """Nothing queued or running on it; raises if it does not answer within `timeout_s`."""
@@ -148,14 +146,13 @@ class PoolWorker:
 
 
 class RayProbe:
-    """One rank's heartbeat over Ray (`cluster.heartbeat.Probe`): rank 0's `load()` decoded, or a readiness."""
+    """One rank's readiness over Ray (`cluster.heartbeat.Probe`): its process answers, or Ray says it is gone."""
 
-    def __init__(self, rank: int, actor, method: str):
-        self.rank, self.actor, self.method = rank, actor, method
+    def __init__(self, rank: int, actor):
+        self.rank, self.actor = rank, actor
 
     def send(self):
-        method = getattr(self.actor, self.method)
-        return method.remote(None) if self.method == "load" else method.remote()
+        return self.actor.__ray_ready__.remote()
 
     def poll(self, ref) -> Answer | None:
         import ray
@@ -164,11 +161,11 @@ class RayProbe:
         if not ray.wait([ref], timeout=0)[0]:
             return None
         try:
-            value = ray.get(ref)
-            return Answer(decode(value, WorkerLoad)) if self.method == "load" else Answer()
+            ray.get(ref)
+            return Answer()
         except RayActorError as err:  # the actor is dead, unless Ray says it is only out of reach for now
             return Answer(error=_first_line(err), gone=not isinstance(err, ActorUnavailableError))
-        except Exception as err:  # load() itself raised, or its answer is not a WorkerLoad: a bad answer
+        except Exception as err:  # Ray could not carry the call: a miss
             return Answer(error=_first_line(err))
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from cluster.heartbeat import Answer
 from cluster.membership import Membership
 from wire.membership import MemberView, MembershipReport
-from wire.requests import WorkerLoad
 
 
 class FakeClock:
@@ -27,16 +26,11 @@ class FakeClock:
         return self.now
 
 
-def load(step_running_s: float = 0.0, longest_step_s: float = 0.0, failed_steps_in_a_row: int = 0) -> WorkerLoad:
-    return WorkerLoad("w", 0, 1, 0, 10, 10, 0.0, steps=5, step_running_s=step_running_s,
-                      longest_step_s=longest_step_s, failed_steps_in_a_row=failed_steps_in_a_row)  # fmt: skip
-
-
 class ScriptedProbe:
     """A rank whose next heartbeat answer the test sets: `answer` (None: it does not answer yet)."""
 
     def __init__(self, rank: int):
-        self.rank, self.answer, self.sent = rank, Answer(load()), 0
+        self.rank, self.answer, self.sent = rank, Answer(), 0
 
     def send(self) -> int:
         self.sent += 1
