@@ -9,21 +9,18 @@ in-process).
 
 from __future__ import annotations
 
-import logging
-
 from decode_worker.follower import DecodeFollower
 from decode_worker.kv_receiving import KVReceiving
 from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
-from engine.llm_engine import EngineArgs, LLMEngine
+from engine.llm_engine import EngineArgs
 from runtime.engine_bridge import kv_spec_for
 from wire.requests import FirstToken, GenerateRequest, PrefillFailed
 from kvtransfer.receiver import KVReceiver
 from wire.push_pull import PullSocket, Pushers
-from runtime.actor import WorkerActor
+from runtime.actor import WorkerActor, serving_engine
 from runtime.control_service import ControlService, payload_of, request_id_arg
 from runtime.io_thread import IOThread
 
-logger = logging.getLogger("tandem.worker")
 
 # The router's calls a decode worker's control socket takes (load is answered by the socket itself).
 DECODE_CALLS = {"reserve": payload_of(GenerateRequest), "abort": request_id_arg}
@@ -33,9 +30,7 @@ def decode_worker_maker(engine_args: EngineArgs, config: DecodeWorkerConfig):
     """`(board, deliver) -> DecodeWorker`: the engine, then the I/O thread (control socket + KV receiver)."""
 
     def make(board, deliver) -> DecodeWorker:
-        engine = LLMEngine.from_args(engine_args, show_progress=False)
-        if engine.config.parallel.tp_size == 1:
-            logger.info("%s: warmed up in %.2fs", config.name, engine.warm_up())
+        engine = serving_engine(engine_args, config.name)
         spec, tp_size = kv_spec_for(engine.config), engine.config.parallel.tp_size
 
         def services(io: IOThread) -> list:

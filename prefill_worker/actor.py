@@ -9,9 +9,7 @@ in-process).
 
 from __future__ import annotations
 
-import logging
-
-from engine.llm_engine import EngineArgs, LLMEngine
+from engine.llm_engine import EngineArgs
 from runtime.engine_bridge import kv_spec_for
 from wire.requests import PrefillTask
 from kvtransfer.sender import KVSender
@@ -19,11 +17,10 @@ from wire.push_pull import Pushers
 from prefill_worker.follower import PrefillFollower
 from prefill_worker.kv_sending import KVSending
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
-from runtime.actor import WorkerActor
+from runtime.actor import WorkerActor, serving_engine
 from runtime.control_service import ControlService, payload_of, request_id_arg
 from runtime.io_thread import IOThread
 
-logger = logging.getLogger("tandem.worker")
 
 # The router's calls a prefill worker's control socket takes (load is answered by the socket itself).
 PREFILL_CALLS = {"prefill": payload_of(PrefillTask), "abort": request_id_arg}
@@ -33,9 +30,7 @@ def prefill_worker_maker(engine_args: EngineArgs, config: PrefillWorkerConfig):
     """`(board, deliver) -> PrefillWorker`: the engine, then the I/O thread (control socket + KV sender)."""
 
     def make(board, deliver) -> PrefillWorker:
-        engine = LLMEngine.from_args(engine_args, skip_tokenizer_init=True, show_progress=False)
-        if engine.config.parallel.tp_size == 1:
-            logger.info("%s: warmed up in %.2fs", config.name, engine.warm_up())
+        engine = serving_engine(engine_args, config.name, skip_tokenizer_init=True)
         model, tp_size = engine.config.model, engine.config.parallel.tp_size
 
         def services(io: IOThread) -> list:

@@ -22,6 +22,7 @@ that plays it) calls the control socket.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Callable
 
 from runtime.cpu_pinning import pin_this_process
@@ -32,6 +33,19 @@ from runtime.priority import run_at_normal_priority
 from runtime.worker_config import on_this_node
 from wire.codec import encode
 from wire.socket_security import sender_public_key, use_cluster_key
+
+logger = logging.getLogger("tandem.worker")
+
+def serving_engine(engine_args, name: str, skip_tokenizer_init: bool = False):
+    """The engine rank 0 of a worker serves with, warmed up unless tensor parallel (its followers are not
+    running their forward loops yet: the group's first steps warm it)."""
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_args(engine_args, skip_tokenizer_init=skip_tokenizer_init, show_progress=False)
+    if engine.config.parallel.tp_size == 1:
+        logger.info("%s: warmed up in %.2fs", name, engine.warm_up())
+    return engine
+
 
 class WorkerActor:
     def __init__(self, engine_args, config, torch_threads: int | None = 1, rank: int | None = None):
