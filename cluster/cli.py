@@ -181,13 +181,13 @@ def _keep_off_worker_cores(spec, machines) -> None:
     cores the workers leave over, else on the prefill ranks'. Ray's daemons, started before, stay unpinned."""
     import os
 
-    from cluster.core_map import core_map_for, serve_process_cores
+    from cluster.core_map import core_map_for
     from runtime.cpu_pinning import pin_this_process
 
-    cores = tuple(os.sched_getaffinity(0))
-    if machines.nodes > 1 or machines.gpus or core_map_for(spec, cores) is None:
+    cores = core_map_for(spec, machines, tuple(os.sched_getaffinity(0)))
+    if cores is None:
         return
-    pinned = pin_this_process(serve_process_cores(spec, cores))
+    pinned = pin_this_process(cores.serve)
     print(f"tandem: router on cores {','.join(map(str, pinned))}", flush=True)
 
 

@@ -56,7 +56,7 @@ class Controller:
     def __init__(self, spec: ClusterSpec, router, launcher=launch, remember_sizes=None, clock=time.monotonic,
                  cores: CoreMap | None = None):  # fmt: skip
         """`router`: register(worker) / unregister(name) / drain(name) / adopt(workers) / snapshot(), e.g. a
-        `Membership`. `launcher(spec, role, name, restarts[, core_sets=])` starts a worker
+        `Membership`. `launcher(spec, role, name, restarts, core_sets=)` starts a worker
         (`cluster.workers.launch`); `remember_sizes(sizes)` keeps each scale's pool sizes for a restarted
         controller (`cluster.ledger`); `clock` times heartbeats (tests pass their own); `cores`: the machine's
         cores to hand out, a set per rank (`cluster.core_map`; None: every rank on every core)."""
@@ -156,9 +156,7 @@ class Controller:
 
     def _launch(self, role: str, name: str, restarts: int) -> PoolWorker:
         """A worker of `role` named `name`, on its own cores when the machine's map has room for it."""
-        core_sets = self._claim_cores(role, name)
-        extra = {"core_sets": core_sets} if core_sets else {}
-        return self.launcher(self.spec, role, name, restarts, **extra)
+        return self.launcher(self.spec, role, name, restarts, core_sets=self._claim_cores(role, name))
 
     def _claim_cores(self, role: str, name: str) -> tuple[tuple[int, ...], ...]:
         if self.cores is None:

@@ -34,7 +34,6 @@ from cluster.membership import Membership
 from cluster.membership_service import MembershipService
 from cluster.orphans import ServingProcess, watch_serving_process
 from cluster.spec import ClusterSpec, SpecError
-from cluster.core_map import serve_process_cores
 from cluster.workers import launch
 from runtime.cpu_pinning import pin_this_process
 from wire.socket_security import ClusterKey
@@ -52,7 +51,7 @@ class ControllerActor:
         remember = functools.partial(ledger.save_sizes, namespace) if namespace else None
         cores = _core_map(spec)
         if cores is not None:  # off the workers' cores, beside the router (it is mostly idle)
-            pin_this_process(serve_process_cores(spec, cores.cores))
+            pin_this_process(cores.serve)
         self.controller = Controller(spec, self.membership, functools.partial(launch, namespace=namespace), remember,
                                      cores=cores)  # fmt: skip
         self.started = namespace is not None and _restarted()
@@ -147,10 +146,7 @@ def _core_map(spec: ClusterSpec):
     from cluster.core_map import core_map_for
     from cluster.layout import Machines
 
-    machines = Machines.of_ray_cluster()
-    if machines.nodes > 1 or machines.gpus:
-        return None
-    return core_map_for(spec, tuple(os.sched_getaffinity(0)))
+    return core_map_for(spec, Machines.of_ray_cluster(), tuple(os.sched_getaffinity(0)))
 
 
 def start_controller(spec: ClusterSpec, namespace: str | None = None):

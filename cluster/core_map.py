@@ -5,7 +5,7 @@ rank gets cores of its own (`runtime.cpu_pinning`), `torch_threads` of them. Dec
 the top down, prefill ranks from the bottom up above what is left over; the leftover (the machine's cores
 beyond what the ranks ask) are the lowest, kept for the serve process (the router) and the controller.
 With no core left over, those two go on the prefill ranks' cores, where a stall costs least: a decode
-step's stall shows in every stream it serves (`serve_process_cores`). Ray's daemons, started before the
+step's stall shows in every stream it serves (`core_map_for`). Ray's daemons, started before the
 layout is known, stay on every core.
 
 A worker keeps its cores across restarts (by name) and gives them back when it is removed. A worker
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 @dataclass
 class CoreMap:
     cores: tuple[int, ...]  # the machine's, ascending
-    reserve: int = 0  # the lowest cores, left to the serve process and Ray
+    reserve: int = 0  # the lowest cores, left to the serve process and the controller
+    serve: tuple[int, ...] = ()  # where the serve process and the controller run (`core_map_for`)
     held: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)  # worker -> a set per rank
 
     def claim(self, name: str, role: str, ranks: int, threads: int) -> tuple[tuple[int, ...], ...]:
@@ -48,26 +49,20 @@ class CoreMap:
         return f"cores: {'; '.join(workers) or 'no worker pinned'}; serve process and Ray: {rest}"
 
 
-def wanted_threads(spec) -> dict[str, int]:
-    """Threads each pool's ranks ask for in all (a pool of torch's default threads asks for none: unpinned)."""
-    return {role: spec.pool(role).replicas * spec.pool(role).tensor_parallel_size * (spec.pool(role).torch_threads or 0)
-            for role in ("prefill", "decode")}  # fmt: skip
+def core_map_for(spec, machines, cores: tuple[int, ...]) -> CoreMap | None:
+    """The map of a deployment on this one machine (`cores`: its) without GPUs; None: several machines,
+    GPUs, pinning off, or a pool of torch's default threads.
 
-
-def core_map_for(spec, cores: tuple[int, ...]) -> CoreMap | None:
-    """The map of a one-machine deployment without GPUs (None: pinning off, or a pool of default threads)."""
+    The serve process (the router) and the controller go on the leftover cores, else on the prefill ranks'
+    (the lowest above the leftover), else on every core (colocated: nothing to keep them off)."""
     pools = [spec.pool(role) for role in ("prefill", "decode") if spec.pool(role).replicas]
-    if not spec.cpu_pinning or any(p.torch_threads is None or p.num_gpus for p in pools):
+    if machines.nodes > 1 or machines.gpus or not spec.cpu_pinning:
         return None
-    return CoreMap(tuple(sorted(cores)), reserve=max(0, len(cores) - sum(wanted_threads(spec).values())))
-
-
-def serve_process_cores(spec, cores: tuple[int, ...]) -> tuple[int, ...]:
-    """Where the serve process (the router) runs beside a pinned deployment: the leftover cores, else the
-    prefill ranks' (the lowest above the leftover), else every core (colocated: nothing to keep it off)."""
+    if any(p.torch_threads is None or p.num_gpus for p in pools):
+        return None
     cores = tuple(sorted(cores))
-    wanted = wanted_threads(spec)
+    wanted = {role: spec.pool(role).replicas * spec.pool(role).tensor_parallel_size * spec.pool(role).torch_threads
+              for role in ("prefill", "decode")}  # fmt: skip
     reserve = max(0, len(cores) - sum(wanted.values()))
-    if reserve:
-        return cores[:reserve]
-    return cores[: wanted["prefill"]] or cores
+    serve = cores[:reserve] or cores[: wanted["prefill"]] or cores
+    return CoreMap(cores, reserve, serve)

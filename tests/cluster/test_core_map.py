@@ -9,13 +9,15 @@ import sys
 import textwrap
 
 from cluster.controller import Controller
-from cluster.core_map import CoreMap, core_map_for, serve_process_cores
+from cluster.core_map import CoreMap, core_map_for
+from cluster.layout import Machines
 from cluster.heartbeat import Answer
 from cluster.spec import parse_spec
 from tests.cluster.fakes import EchoRouter, FakeLauncher
 from tests.e2e.harness import wait_for
 
 EIGHT = tuple(range(8))
+HERE = Machines(nodes=1, local_cpus=8, gpus=0.0)  # one machine, no GPU
 
 
 def _spec(prefill=1, decode=1, threads=1, tp=1, **extra):
@@ -25,7 +27,7 @@ def _spec(prefill=1, decode=1, threads=1, tp=1, **extra):
 
 
 def test_decode_takes_the_top_prefill_the_bottom_above_the_serve_processes_cores():
-    cores = core_map_for(_spec(prefill=1, decode=2, threads=2), EIGHT)
+    cores = core_map_for(_spec(prefill=1, decode=2, threads=2), HERE, EIGHT)
     assert cores.reserve == 2
     assert cores.claim("decode-0", "decode", 1, 2) == ((6, 7),)
     assert cores.claim("decode-1", "decode", 1, 2) == ((4, 5),)
@@ -42,21 +44,23 @@ def test_a_tensor_parallel_worker_gets_a_set_per_rank():
 
 
 def test_no_map_when_off_or_a_pool_takes_torchs_default_threads():
-    assert core_map_for(_spec(cpu_pinning=False), EIGHT) is None
-    assert core_map_for(_spec(threads=None), EIGHT) is None
-    assert core_map_for(_spec(prefill=0, decode=1, threads=8), EIGHT).reserve == 0
+    assert core_map_for(_spec(cpu_pinning=False), HERE, EIGHT) is None
+    assert core_map_for(_spec(threads=None), HERE, EIGHT) is None
+    assert core_map_for(_spec(prefill=0, decode=1, threads=8), HERE, EIGHT).reserve == 0
+    assert core_map_for(_spec(), Machines(nodes=2, local_cpus=8, gpus=0.0), EIGHT) is None
+    assert core_map_for(_spec(), Machines(nodes=1, local_cpus=8, gpus=1.0), EIGHT) is None
 
 
 def test_the_serve_process_goes_on_the_leftover_else_on_prefills_cores_else_everywhere():
-    assert serve_process_cores(_spec(threads=2), EIGHT) == (0, 1, 2, 3)
-    assert serve_process_cores(_spec(threads=1), (0, 1)) == (0,)  # 1P+1D on 2 cores: prefill's core
-    assert serve_process_cores(_spec(prefill=0, decode=1, threads=2), (0, 1)) == (0, 1)
+    assert core_map_for(_spec(threads=2), HERE, EIGHT).serve == (0, 1, 2, 3)
+    assert core_map_for(_spec(threads=1), HERE, (0, 1)).serve == (0,)  # 1P+1D on 2 cores: prefill's core
+    assert core_map_for(_spec(prefill=0, decode=1, threads=2), HERE, (0, 1)).serve == (0, 1)
 
 
 def test_the_controller_launches_each_worker_on_its_cores_and_a_restart_on_the_same():
     spec = _spec(prefill=1, decode=1, threads=1)
     router, launcher = EchoRouter(), FakeLauncher()
-    controller = Controller(spec, router, launcher, cores=core_map_for(spec, (0, 1, 2)))
+    controller = Controller(spec, router, launcher, cores=core_map_for(spec, HERE, (0, 1, 2)))
     try:
         controller.scale({"prefill": 1, "decode": 1})
         assert launcher.core_sets == {"prefill-0": [((1,),)], "decode-0": [((2,),)]}
