@@ -16,9 +16,7 @@ core). Load: 16 prompts of 1,536 tokens arriving Poisson at 0.4/s, 200 output to
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_loads import SERVED_NAME, VLLM_BENCH, chosen_layout, tandem_serve  # noqa: E402
+from bench_loads import chosen_layout, tandem_serve, vllm_bench  # noqa: E402
 from bench_report import add_markdown_option, machine_line, record_run, run_text  # noqa: E402
 
 SPLIT = ("--num-prefill", "1", "--num-decode", "1", "--torch-threads", "1")
@@ -45,16 +43,6 @@ def load_flags(num_prompts: int, goodput_tpot_ms: float) -> list[str]:
             "--request-rate", "0.4", "--num-prompts", str(num_prompts), "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--goodput", f"tpot:{goodput_tpot_ms:g}"]  # fmt: skip
-
-
-def bench(url: str, tokenizer: str, flags: list[str], seed: int, out: Path) -> dict:
-    cmd = [str(VLLM_BENCH), "--backend", "openai", "--endpoint", "/v1/completions", "--model", SERVED_NAME,
-           "--base-url", url, "--tokenizer", tokenizer, *flags, "--seed", str(seed),
-           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
-    if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"vllm bench serve failed: {done.stderr[-2000:]}")
-    return json.loads(out.read_text())
 
 
 def core_lines(log: Path) -> list[str]:
@@ -93,7 +81,7 @@ def main(argv=None) -> None:
     for i, name in enumerate(args.layouts.split(",")):
         log = work / f"serve-{i}.log"
         with tandem_serve(None, log, flags=LAYOUTS[name]) as url:
-            results[name] = bench(url, tokenizer, flags, args.seed, work / f"layout-{i}.json")
+            results[name] = vllm_bench(url, tokenizer, flags, args.seed, work / f"layout-{i}.json")
         notes.append(f"- `{name}`: `tandem serve {' '.join(LAYOUTS[name])}`".replace(" `", " `") + f"; layout: "
                      f"{chosen_layout(log)}" + "".join(f"; {line}" for line in core_lines(log)))  # fmt: skip
         print(f"{name}: {results[name]['completed']} completed", flush=True)

@@ -112,6 +112,19 @@ def run_load(client: str, url: str, tokenizer: str, load: Load, out: Path, seed:
     return json.loads(out.read_text())
 
 
+def vllm_bench(url: str, tokenizer: str, flags: list[str] | tuple[str, ...], seed: int, out: Path,
+               what: str = "") -> dict:  # fmt: skip
+    """`vllm bench serve` (vLLM's own load generator) on the completions endpoint at `url` with `flags`; its
+    saved result (`out`). `what`: the load's name, for the error when it fails."""
+    cmd = [str(VLLM_BENCH), "--backend", "openai", "--endpoint", "/v1/completions", "--model", SERVED_NAME,
+           "--base-url", url, "--tokenizer", tokenizer, *flags, "--seed", str(seed),
+           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"vllm bench serve failed{f' on {what}' if what else ''}: {done.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
 @contextlib.contextmanager
 def tandem_serve(model: str | None, log_path: Path, start_timeout_s: float = 900.0, flags: tuple[str, ...] = ()):
     """`tandem serve` exactly as the README starts it (plus a free port, --model when given and `flags`)."""

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_loads import SERVED_NAME, VLLM_BENCH, chosen_layout, tandem_serve  # noqa: E402
+from bench_loads import chosen_layout, tandem_serve, vllm_bench  # noqa: E402
 from bench_report import add_markdown_option, machine_line, record_run, run_text  # noqa: E402
 
 LAYOUTS = {
@@ -75,13 +75,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
 
 
 def measured(url: str, tokenizer: str, workload: Workload, seed: int, out: Path) -> dict:
-    cmd = [str(VLLM_BENCH), "--backend", "openai", "--endpoint", "/v1/completions", "--model", SERVED_NAME,
-           "--base-url", url, "--tokenizer", tokenizer, *workload.flags, *COMMON, "--seed", str(seed),
-           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
-    if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"vllm bench serve failed on {workload.name}: {done.stderr[-2000:]}")
-    return json.loads(out.read_text())
+    return vllm_bench(url, tokenizer, (*workload.flags, *COMMON), seed, out, workload.name)
 
 
 def predicted(layout: tuple[str, ...], workload: Workload, seed: int, out: Path) -> dict:
