@@ -132,12 +132,13 @@ class RequestOutputs:
             self._prompt_logprobs = item.prompt_logprobs
         if item.phases is not None and not item.finished:  # the prefill worker's, with the first token
             self.prompt_phases = item.phases
+        whole = item.shifted(self._offset)  # its counts as if the request had run in one piece
         if item.num_prompt_tokens:  # prefill's first-token delta counts nothing
-            self._num_cached = item.shifted(self._offset).num_cached_tokens
+            self._num_cached = whole.num_cached_tokens
         if item.finished and item.resumable:
             self._given_up = item
         elif item.finished:
-            self._final = item.shifted(self._offset)
+            self._final = whole
 
     def _take_ready(self) -> OutputChunk:
         chunk = OutputChunk([], num_cached_tokens=self._num_cached)
