@@ -5,13 +5,14 @@
 Each term of the step cost (`step_cost.StepCost`) is a count of bytes or FLOPs over a peak rate times the
 share of it a kernel reaches:
 
-    weights_s                   = weight bytes / tp / (memory bandwidth * MEMORY_EFFICIENCY)
+    weights_s                   = the longer of: weight bytes / tp / (memory bandwidth * MEMORY_EFFICIENCY)
+                                  and the host's launches: layers * HOST_LAUNCHES_PER_LAYER * HOST_PER_LAUNCH_S
     per_token_s                 = 2 * linear params / tp / (dense bf16 FLOP/s * MATMUL_EFFICIENCY)
     per_sampled_row_s           = 2 * vocab * hidden / tp / (FLOP/s * MATMUL_EFFICIENCY)
     per_decode_context_token_s  = KV bytes per token / tp / (memory bandwidth * MEMORY_EFFICIENCY)
     per_attention_pair_s        = 4 * layers * heads * head_dim / tp / (FLOP/s * ATTENTION_EFFICIENCY)
     per_prefill_context_token_s = KV bytes per token / tp / (memory bandwidth * MEMORY_EFFICIENCY)
-    fixed_s                     = HOST_STEP_S + HOST_PER_LAYER_S * layers    (Python, kernel launches)
+    fixed_s                     = HOST_STEP_S    (scheduling, inputs, the sampled tokens' copy back)
                                   + tensor parallel: 2 all-reduces per layer, ALLREDUCE_LATENCY_S each
     per_token_comm_s            = 2 * layers * 2 (tp - 1) / tp * hidden * bytes / (NVLink * LINK_EFFICIENCY)
     per_sequence_s              = HOST_PER_SEQUENCE_S
@@ -21,9 +22,19 @@ share of it a kernel reaches:
 
 Why these factors: decode kernels read HBM at 70-80% of peak in vLLM's and SGLang's published traces;
 large GEMMs reach 60-70% of dense peak; Tandem's Triton prefill attention is a plain tiled kernel, not
-FlashAttention-3, so it gets less (0.35). The host terms are Tandem's engine without CUDA graphs: a
-Python step (~1 ms on the CPU side, measured here) plus ~10 launches per layer at ~6 us. Every figure
-is a guess until a GPU is lent; `tandem profile` on one replaces the whole profile with a measured one.
+FlashAttention-3, so it gets less (0.35).
+
+The host terms were measured on a lent H200 (2026-11-26, scripts/gpu_check.py's profile and step_trace
+steps, SmolLM2-135M's shape in bf16; benchmarks/profiles/): Tandem's engine runs eagerly, without CUDA
+graphs, and a decode step launched 929 kernels and copies for 30 layers (31 a layer), the device busy
+1.7 of its 13-17 ms. The device runs a step's kernels while the host launches the next ones, so a step
+takes the longer of the two, which is why the host's launches are a floor under the weights' read and
+not a term added to it. At 17 us a launch (the fastest steps measured: 16.2 ms for 959), the host
+bounds every model at small batches on these GPUs: an 8B model's 32 layers cost 16.9 ms of launches
+against 6.4 ms of weights on an H100. That published profile predicted the H200's measured steps with
+a median error of 11% (p90 43%: steps there took 16-17 ms or 30-32 ms, bimodal, for the same shape);
+with the earlier guess (1 ms + 60 us a layer, added) it was 83%. The efficiency factors of the device's
+own work are guesses still: at this model's size on an H200 no step left the host's floor.
 """
 
 from __future__ import annotations
@@ -40,7 +51,8 @@ ATTENTION_EFFICIENCY = 0.35
 MEMORY_EFFICIENCY = 0.75
 LINK_EFFICIENCY = 0.7
 HOST_STEP_S = 0.001
-HOST_PER_LAYER_S = 0.00006
+HOST_LAUNCHES_PER_LAYER = 31  # kernels and copies a layer launches (measured: 929 for 30 layers)
+HOST_PER_LAUNCH_S = 17e-6  # host time per launch: Python, PyTorch's dispatch, the driver (measured)
 HOST_PER_SEQUENCE_S = 0.00002
 ALLREDUCE_LATENCY_S = 0.00001
 GPU_MEMORY_UTILIZATION = 0.9  # the engine's default share of device memory
@@ -85,10 +97,10 @@ def published_profile(device: str | DeviceFigures, model: ModelDims, tp_size: in
         raise ValueError(f"{model.name}: {model.num_kv_heads} KV heads cannot be split over tp {tp_size}")
     flops, mem = dev.bf16_flops * MATMUL_EFFICIENCY, dev.memory_bytes_per_s * MEMORY_EFFICIENCY
     comm = 0.0 if tp_size == 1 else 2 * (tp_size - 1) / tp_size * model.hidden_size * dtype_bytes
+    launches_s = model.num_layers * HOST_LAUNCHES_PER_LAYER * HOST_PER_LAUNCH_S  # no fewer under tensor parallel
     step = StepCost(
-        fixed_s=HOST_STEP_S + HOST_PER_LAYER_S * model.num_layers
-        + (2 * model.num_layers * ALLREDUCE_LATENCY_S if tp_size > 1 else 0.0),
-        weights_s=model.weight_params * dtype_bytes / tp_size / mem,
+        fixed_s=HOST_STEP_S + (2 * model.num_layers * ALLREDUCE_LATENCY_S if tp_size > 1 else 0.0),
+        weights_s=max(model.weight_params * dtype_bytes / tp_size / mem, launches_s),
         per_token_s=2 * model.linear_params / tp_size / flops,
         per_token_comm_s=2 * model.num_layers * comm / (dev.nvlink_bytes_per_s * LINK_EFFICIENCY),
         per_sampled_row_s=2 * model.lm_head_params / tp_size / flops,
@@ -106,8 +118,8 @@ def published_profile(device: str | DeviceFigures, model: ModelDims, tp_size: in
         notes=(f"published figures: {dev.bf16_flops / 1e12:g} TFLOP/s bf16 dense, "
                f"{dev.memory_bytes_per_s / 1e12:g} TB/s memory, {dev.memory_bytes / 1e9:g} GB",
                f"efficiency: matmul {MATMUL_EFFICIENCY}, attention {ATTENTION_EFFICIENCY}, memory "
-               f"{MEMORY_EFFICIENCY}, links {LINK_EFFICIENCY}; host {HOST_STEP_S * 1e3:g} ms + "
-               f"{HOST_PER_LAYER_S * 1e6:g} us/layer per step"),
+               f"{MEMORY_EFFICIENCY}, links {LINK_EFFICIENCY}; host {HOST_STEP_S * 1e3:g} ms a step, "
+               f"{HOST_LAUNCHES_PER_LAYER} launches a layer at {HOST_PER_LAUNCH_S * 1e6:g} us (measured on an H200)"),
         price_per_hour=None if device_price_per_hour is None else device_price_per_hour * tp_size,
     )  # fmt: skip
 

@@ -60,13 +60,12 @@ def model_dims(model_dir: str | Path, name: str = "") -> ModelDims:
 def profile_key(worker: LocalWorker, model_dir: str) -> tuple[str, ...]:
     import torch
 
-    from engine.cpu_features import cpu_features
     from engine.native.loader import kernel_source_id
 
     config = (Path(model_dir) / "config.json").read_bytes()
     lim = worker.limits
     return (
-        f"device {worker.device}: {cpu_features().signature() if worker.device == 'cpu' else _gpu_name()}",
+        f"device {worker.device}: {device_name(worker.device)}",
         f"threads {worker.torch_threads}", f"dtype {worker.dtype}", f"torch {torch.__version__}",
         f"kernels {kernel_source_id()}", f"engine {_engine_source_hash()}",
         f"model {model_dir} {hashlib.blake2b(config, digest_size=8).hexdigest()}",
@@ -114,11 +113,12 @@ def store(profile: Profile) -> Path:
 
 
 def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = (), grid: ProfileGrid = ProfileGrid(),
-                    on_progress: Callable[[str], None] = lambda what: None) -> tuple[Profile, list]:  # fmt: skip
-    """The measured profile, and the steps it was fitted to (`planner.fit.StepSample`s)."""
+                    on_progress: Callable[[str], None] = lambda what: None,
+                    transfer: TransferCost | None = None) -> tuple[Profile, list]:  # fmt: skip
+    """The measured profile, and the steps it was fitted to (`planner.fit.StepSample`s). The KV transfer is
+    timed between two processes unless `transfer` is given (where pyzmq is absent: the lent GPU's image)."""
     import torch
 
-    from engine.cpu_features import cpu_features
     from engine.llm_engine import LLMEngine
     from planner.fit import fit_step_cost
     from planner.profiler import profile_steps
@@ -128,7 +128,7 @@ def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = 
     engine = LLMEngine.from_args(worker.engine_args(), skip_tokenizer_init=True, show_progress=False)
     try:
         engine.warm_up()
-        samples = profile_steps(engine, grid, on_progress=on_progress)
+        samples = profile_steps(engine, grid, on_progress=on_progress, warm_pass=worker.device != "cpu")
         config = engine.config
         kv_tokens = engine.runner.num_blocks * config.cache.block_size
     finally:
@@ -137,10 +137,10 @@ def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = 
         gc.collect()
     step, fit = fit_step_cost(samples)
     dtype = str(config.dtype).removeprefix("torch.")
-    on_progress("timing a KV transfer between two processes")
-    transfer = probe_transfer(config, dtype)
-    device = cpu_features().signature() if worker.device == "cpu" else _gpu_name()
-    profile = Profile(device=device, source="measured", model=model_dims(model_dir), dtype=dtype,
+    if transfer is None:
+        on_progress("timing a KV transfer between two processes")
+        transfer = probe_transfer(config, dtype)
+    profile = Profile(device=device_name(worker.device), source="measured", model=model_dims(model_dir), dtype=dtype,
                       dtype_bytes=torch.tensor([], dtype=config.dtype).element_size(), tp_size=1, step=step,
                       transfer=transfer, kv_cache_tokens=kv_tokens, torch_threads=worker.torch_threads,
                       serving=ServingCost(), fit=fit, key=key)  # fmt: skip
@@ -179,7 +179,12 @@ def _engine_source_hash() -> str:
     return digest.hexdigest()
 
 
-def _gpu_name() -> str:
+def device_name(device: str) -> str:
+    """The CPU with its enabled extensions, or the GPU's name: what a measured profile is of."""
+    if device == "cpu":
+        from engine.cpu_features import cpu_features
+
+        return cpu_features().signature()
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"

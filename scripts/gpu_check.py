@@ -22,11 +22,16 @@ Steps, each in its own process group under its own time budget (device_check/pla
                  the real-size model; float32 token for token, bf16 up to a near tie
   bench_kernels  scripts/bench_kernels.py: decode attention as a share of HBM bandwidth, prefill TFLOP/s
   bench_engine   scripts/bench_engine.py --device cuda: both workloads, Tandem against transformers
+  profile        `tandem profile`'s grid of engine steps on CUDA, fitted (OUT_DIR/profile.json, what
+                 `tandem plan --profile` takes), and the published-figures profile's error on those steps
+  step_trace     where a decode step's time goes (torch.profiler): the device's busy share of the step's
+                 wall time, and the host operators that take the most
   kv_transfer    two engines in two processes on the one GPU: KV over ZMQ IPC and TCP, bit-identical
                  blocks and the same tokens (NCCL needs two GPUs, gloo CPU tensors: said, not run)
 
-OUT_DIR gets summary.md (the table of steps, key figures, the benchmarks' records), results.json and
-one log per step: eight files at most, what the device tool sends back. The exit status is 1 when a
+OUT_DIR gets summary.md (the table of steps, key figures, the benchmarks' records), results.json,
+steps.log (every step's output in order) and profile.json: under the eight files the device tool
+sends back. The exit status is 1 when a
 step failed; a skipped step says why. Where the results go: docs/engine.md, "GPU check".
 
 The default model: its GGUF is 94 MiB and its converted directory 513 MiB (float32), both over the
@@ -50,14 +55,14 @@ from pathlib import Path
 
 from device_check import plan, report
 from device_check.blocked_imports import ENV as WITHOUT_ENV
-from device_check.runner import StepResult, child_env, run_step
+from device_check.runner import STEPS_LOG, StepResult, child_env, run_step
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out_dir", help="summary.md, results.json and the steps' logs go here")
+    p.add_argument("out_dir", help="summary.md, results.json, steps.log and profile.json go here")
     p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, smallest sizes")
     p.add_argument("--default-model", default=None, metavar="DIR", help="SmolLM2-135M-Instruct, converted")
     p.add_argument("--only", default=None, help=f"comma-separated steps of: {', '.join(plan.ORDER)}")
@@ -75,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run(args, out_dir: Path, work: Path) -> list[StepResult]:
     """Every selected step in order, each seeing the results before it (the model step's directory)."""
     default_model = str(Path(args.default_model).resolve()) if args.default_model else None
-    settings = plan.Settings(work, args.dry_run, default_model)
+    settings = plan.Settings(work, out_dir, args.dry_run, default_model)
     env = child_env(REPO, {**settings.env(), WITHOUT_ENV: args.without})
     deadline = time.monotonic() + args.total_s
     done: dict[str, StepResult] = {}
@@ -135,12 +140,13 @@ def main(argv=None) -> int:
     os.chdir(REPO)  # the steps name scripts and tests by paths from the repository root
     if not args.dry_run and _gpu_name().startswith("no GPU"):
         print("no GPU found (nvidia-smi): the CUDA steps will fail; --dry-run runs them on the CPU", flush=True)
+    (out_dir / STEPS_LOG).unlink(missing_ok=True)  # a log of an earlier check in the same folder
     results = run(args, out_dir, work)
     lines, recs = header(args), records(work)
     text = report.summary("GPU check", lines, results, recs)
     report.write(out_dir, text, results, lines, recs)
     print("\n" + report.table(results) + "\n\n" + "\n".join(report.figure_lines(results)))
-    print(f"\nsummary: {out_dir / 'summary.md'}; logs: {out_dir}")
+    print(f"\nsummary: {out_dir / 'summary.md'}; the steps' output: {out_dir / STEPS_LOG}")
     return report.exit_status(results)
 
 

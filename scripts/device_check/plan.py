@@ -16,16 +16,19 @@ from .bench_figures import engine_figures, kernel_figures, test_figures
 from .launch import command
 from .runner import Step, StepResult, skipped
 
-ORDER = ("kernels", "model", "engine", "bench_kernels", "bench_engine", "kv_transfer")
+ORDER = ("kernels", "model", "engine", "bench_kernels", "bench_engine", "profile", "step_trace", "kv_transfer")
 TOTAL_S = 480  # the whole check: 8 of a lent GPU's 15 minutes, the machine's start and a rerun beside it
 # Seconds each step may take at most; the real runs should need about half.
-BUDGET_S = {"kernels": 150, "model": 90, "engine": 180, "bench_kernels": 90, "bench_engine": 150, "kv_transfer": 90}
-NEEDS_MODEL = ("engine", "bench_engine")
+BUDGET_S = {"kernels": 150, "model": 90, "engine": 180, "bench_kernels": 90, "bench_engine": 150, "profile": 120,
+            "step_trace": 90, "kv_transfer": 90}  # fmt: skip
+NEEDS_MODEL = ("engine", "bench_engine", "profile", "step_trace")
+PROFILE_FILE = "profile.json"  # the measured profile, in OUT_DIR: what `tandem plan --profile` takes
 
 
 @dataclass(frozen=True)
 class Settings:
     work: Path  # scratch: models, the benchmarks' JSON and records
+    out: Path  # what comes back from the GPU machine: the summary, the logs, the measured profile
     dry_run: bool
     default_model: str | None
 
@@ -85,12 +88,30 @@ def bench_engine(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
                 read_figures=lambda: engine_figures(out))  # fmt: skip
 
 
+def profile(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
+    figures = done["model"].figures if "model" in done else {}
+    if "model_dir" not in figures:
+        return skipped("profile", "no real-size model: the model step did not make one")
+    args = ["--device", s.device, "--model-dir", figures["model_dir"], "--out", str(s.out / PROFILE_FILE)]
+    args += ["--dry-run", "--published", "h200"] if s.dry_run else []  # a dry run compares to figures all the same
+    return Step("profile", command("device_check.device_profile", *args), BUDGET_S["profile"])
+
+
+def step_trace(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
+    figures = done["model"].figures if "model" in done else {}
+    if "model_dir" not in figures:
+        return skipped("step_trace", "no real-size model: the model step did not make one")
+    args = ["--device", s.device, "--model-dir", figures["model_dir"]]
+    args += ["--dry-run", "--rows", "1,4"] if s.dry_run else ["--rows", "1,64"]
+    return Step("step_trace", command("device_check.step_trace", *args), BUDGET_S["step_trace"])
+
+
 def kv_transfer(s: Settings, done: dict[str, StepResult]) -> Step:
     args = ["--device", s.device, "--work", str(s.work)]
     return Step("kv_transfer", command("device_check.kv_engines", *args), BUDGET_S["kv_transfer"])
 
 
-FACTORIES = {f.__name__: f for f in (kernels, model, engine, bench_kernels, bench_engine, kv_transfer)}
+FACTORIES = {f.__name__: f for f in (kernels, model, engine, bench_kernels, bench_engine, profile, step_trace, kv_transfer)}
 
 
 def selected(only: str | None) -> list[str]:

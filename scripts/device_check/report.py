@@ -1,7 +1,7 @@
 """What the check leaves behind: a table of its steps on stdout and in summary.md, results.json, the exit status.
 
-OUT_DIR holds at most eight files (what a lent GPU machine sends back): summary.md,
-results.json and one log per step.
+OUT_DIR holds summary.md, results.json, steps.log (runner.py) and what a step writes there (the
+measured profile): under the eight files a lent GPU machine sends back.
 """
 
 from __future__ import annotations

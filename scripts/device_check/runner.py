@@ -1,5 +1,9 @@
 """Run one step of the check: its own process group, its own time budget, its whole output in OUT_DIR.
 
+A step writes OUT_DIR/NAME.log while it runs; once it has ended, that log is appended to
+OUT_DIR/steps.log (every step's output in order) and removed, so OUT_DIR stays under the eight files
+a lent GPU machine sends back however many steps there are.
+
 A step that hangs is killed with everything it started (its process group) when its budget is
 spent, so it costs its budget and no more; the check's overall deadline caps every budget.
 """
@@ -19,6 +23,7 @@ from .step_io import FIGURE, SKIP, SKIPPED
 
 # Under this many seconds left, a step is not started: it could not finish.
 MIN_START_S = 10
+STEPS_LOG = "steps.log"
 
 
 @dataclass
@@ -39,7 +44,7 @@ class StepResult:
     budget_s: float = 0.0
     reason: str = ""
     figures: dict[str, str] = field(default_factory=dict)
-    log: str = ""  # the log's file name in OUT_DIR
+    log: str = ""  # the file in OUT_DIR that holds its output
 
 
 def skipped(name: str, reason: str) -> StepResult:
@@ -63,6 +68,7 @@ def run_step(step: Step, out_dir: Path, deadline: float, env: dict[str, str]) ->
         code = _wait(proc, budget)
     result = _result(step, code, log, budget)
     result.seconds = time.monotonic() - start
+    result.log = _appended(log, out_dir / STEPS_LOG)
     print(f"[{step.name}] {result.status} in {result.seconds:.0f} s{': ' + result.reason if result.reason else ''}",
           flush=True)  # fmt: skip
     return result
@@ -91,7 +97,7 @@ def _kill_leftovers(pgid: int) -> None:
 def _result(step: Step, code: int | None, log: Path, budget: float) -> StepResult:
     lines = [line.rstrip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     figures = {m["name"]: m["value"] for m in map(FIGURE.match, lines) if m}
-    result = StepResult(step.name, "failed", budget_s=budget, figures=figures, log=log.name)
+    result = StepResult(step.name, "failed", budget_s=budget, figures=figures)
     if code is None:
         result.reason = f"timed out after {budget:.0f} s (its process group was killed)"
         return result
@@ -108,6 +114,13 @@ def _result(step: Step, code: int | None, log: Path, budget: float) -> StepResul
     else:
         result.reason = f"exit status {code}: {lines[-1] if lines else 'no output'}"
     return result
+
+
+def _appended(log: Path, steps_log: Path) -> str:
+    with open(steps_log, "a") as out:
+        out.write(f"==== {log.stem} ====\n{log.read_text(errors='replace')}\n")
+    log.unlink()
+    return steps_log.name
 
 
 def child_env(repo: Path, extra: dict[str, str]) -> dict[str, str]:

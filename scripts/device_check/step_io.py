@@ -7,6 +7,7 @@ last line of its output is the reason shown). 77 is automake's "skipped" status.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 
@@ -23,3 +24,12 @@ def skip(reason: str) -> None:
     """End the step as skipped, saying why."""
     print(f"skip: {reason}", flush=True)
     sys.exit(SKIPPED)
+
+
+def importable(name: str) -> bool:
+    """Whether `name` can be imported here: a package blocked by TANDEM_CHECK_WITHOUT raises in find_spec,
+    where an absent one gives None."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False

@@ -36,7 +36,8 @@ def test_dry_run_passes_with_the_packages_the_gpu_image_lacks_blocked(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {name: step["status"] for name, step in steps.items()} == {
         "kernels": "passed", "model": "skipped", "engine": "passed",
-        "bench_kernels": "passed", "bench_engine": "passed", "kv_transfer": "skipped",
+        "bench_kernels": "passed", "bench_engine": "passed", "profile": "passed",
+        "step_trace": "passed", "kv_transfer": "skipped",
     }, proc.stdout  # fmt: skip
     assert "pyzmq is not importable" in steps["kv_transfer"]["reason"]
     assert "dry run" in steps["model"]["reason"] and "stands in" in steps["model"]["reason"]
@@ -45,8 +46,17 @@ def test_dry_run_passes_with_the_packages_the_gpu_image_lacks_blocked(tmp_path):
     assert parity == ["120/120"] * 3  # tiny Llama, tiny Qwen3, SmolLM2's shape
     assert "tandem" in steps["bench_engine"]["figures"]["workload b"]
     assert "decode 4x256" in steps["bench_kernels"]["figures"]
+    profile = steps["profile"]["figures"]
+    assert "fit median" in profile["profile"] and "KV transfer" in profile  # pyzmq blocked: the figure stands in
+    assert {"decode steps", "prefill steps", "mixed steps"} <= {k.split(" (")[0] for k in profile}, profile
+    assert "published" in profile["term fixed_s"]
+    measured = json.loads((tmp_path / "out" / plan.PROFILE_FILE).read_text())
+    assert measured["source"] == "measured" and measured["fit"]["points"] > 10
+    trace = steps["step_trace"]["figures"]
+    assert "device busy" in trace["decode 4 rows"] and "calls/step" in trace["decode 4 rows, host: aten::mm"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == sorted(["summary.md", "results.json", *(f"{name}.log" for name in plan.ORDER)])
+    assert files == sorted(["summary.md", "results.json", "steps.log", plan.PROFILE_FILE, "profile.samples.json"])
+    assert all(f"==== {name} ====" in (tmp_path / "out" / "steps.log").read_text() for name in plan.ORDER)
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| kv_transfer | skipped |" in summary and "Record" in summary
 
@@ -77,6 +87,8 @@ def test_a_step_past_its_budget_is_killed_with_the_processes_it_started(tmp_path
     result = run_step(Step("hang", _python(code), budget_s=2), tmp_path, time.monotonic() + 100, dict(os.environ))
     assert time.monotonic() - start < 10
     assert result.status == "failed" and result.reason.startswith("timed out after 2 s")
+    assert result.log == "steps.log" and "==== hang ====" in (tmp_path / "steps.log").read_text()
+    assert not (tmp_path / "hang.log").exists()
     child = int(pid_file.read_text())
     for _ in range(50):  # the killed child is reaped by whoever adopted it
         if not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]:
@@ -103,6 +115,7 @@ def test_step_status_figures_and_reasons_come_from_its_output(tmp_path):
 
 def test_only_brings_the_model_step_along_and_refuses_unknown_steps():
     assert plan.selected("bench_engine") == ["model", "bench_engine"]
+    assert plan.selected("profile") == ["model", "profile"]
     assert plan.selected("kv_transfer,kernels") == ["kernels", "kv_transfer"]
     assert plan.selected(None) == list(plan.ORDER)
     with pytest.raises(ValueError, match="unknown step"):
