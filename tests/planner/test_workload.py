@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
@@ -26,6 +27,23 @@ def test_prefix_repetition_groups_share_their_prefix():
     assert len(reqs) == 12 and {len(r.prompt) for r in reqs} == {40} and {r.output_len for r in reqs} == {5}
     prefixes = [r.prompt[:32] for r in reqs]
     assert len(set(prefixes)) == 3 and all(prefixes.count(p) == 4 for p in set(prefixes))
+
+
+def test_prefix_repetition_sends_what_vllm_sends_in_its_order():
+    # vLLM: num_prompts // num_prefixes of each, its prefix-major list shuffled by random.seed(seed)'s shuffle.
+    spec = WorkloadSpec("prefix_repetition", num_prompts=14, prefix_repetition_prefix_len=16,
+                        prefix_repetition_suffix_len=4, prefix_repetition_num_prefixes=3, seed=5)  # fmt: skip
+    reqs = spec.requests(5000)
+    assert len(reqs) == 12
+    vllm_order = list(range(12))
+    random.seed(5)
+    random.shuffle(vllm_order)
+    group_of = {}
+    for req, listed in zip(reqs, vllm_order):
+        assert group_of.setdefault(req.prompt[:16], listed // 4) == listed // 4
+    assert len(group_of) == 3
+    with pytest.raises(ValueError, match="num-prefixes: must be >= 1 and at most --num-prompts"):
+        WorkloadSpec("prefix_repetition", num_prompts=2, prefix_repetition_num_prefixes=3).requests()
 
 
 def test_arrivals_are_vllms_poisson_draws_scaled_to_the_rate():
