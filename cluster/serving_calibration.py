@@ -7,10 +7,12 @@ cores take), started on an embedded Ray, and a client of our own (token-id promp
 drives it twice:
 
   idle      one request at a time: the router's and the hops' share of the time to first token is what is
-            left of it after the prefill the worker measured and the arrival window (`request_s`);
+            left of it after the prefill the worker measured and the arrival window (`request_s`); with
+            several workers, its TPOT against the simulator's gives `alone_step_factor` (the others idle);
   loaded    Poisson arrivals at about half the pool's capacity: its mean TPOT against the simulator's on the
-            same requests gives `step_factor`, the served step over the profiled one (one correction, then
-            a second from the corrected simulation).
+            same requests gives `step_factor`, the served step over the profiled one while the host's other
+            workers step too (corrected until the simulation agrees: the simulated TPOT is not quite
+            proportional to it, the less so where the others are often idle).
 
 About a minute and a half on 2 cores, besides the deployment's start.
 """
@@ -80,14 +82,21 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
     ttft = statistics.median(o.ttft for o in idle)
     prefill = statistics.median(o.phases.get("prefill_s", 0.0) for o in idle)
     request_s = max(0.0, ttft - prefill - ArrivalWindowConfig().quiet_s - 2 * serving.message_s)
-    serving = dataclasses.replace(serving, request_s=request_s, step_factor=1.0)
+    serving = dataclasses.replace(serving, request_s=request_s, step_factor=1.0, alone_step_factor=None)
+    alone = ""
+    if replicas > 1:
+        idle_tpot = _mean_tpot(idle)
+        one_at_a_time = [SimRequest(i * 1000.0, tuple(_prompt(IDLE_PROMPT, i)), IDLE_OUTPUT) for i in range(len(idle))]
+        predicted = _simulated_tpot(dataclasses.replace(profile, serving=serving), replicas, one_at_a_time)
+        serving = dataclasses.replace(serving, alone_step_factor=idle_tpot / predicted)
+        alone = f", alone_step_factor {serving.alone_step_factor:.3f} (served TPOT {idle_tpot * 1e3:.1f} ms idle)"
     real_tpot = _mean_tpot(loaded)
-    for _ in range(2):  # the simulated TPOT is not quite proportional to the factor: correct twice
+    for _ in range(4):  # the simulated TPOT is not quite proportional to the factor: correct until it agrees
         predicted = _simulated_tpot(dataclasses.replace(profile, serving=serving), replicas, requests)
-        serving = dataclasses.replace(serving, step_factor=serving.step_factor * real_tpot / predicted)
+        serving = dataclasses.replace(serving, step_factor=max(0.0, serving.step_factor * real_tpot / predicted))
     note = (f"serving calibrated on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
             f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), step_factor {serving.step_factor:.3f} (served "
-            f"TPOT {real_tpot * 1e3:.1f} ms under load)")  # fmt: skip
+            f"TPOT {real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip
     return dataclasses.replace(profile, serving=serving, notes=(*profile.notes, note))
 
 

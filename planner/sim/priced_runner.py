@@ -9,7 +9,7 @@ requests ignore EOS, so which token it is does not matter).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from costmodel import Profile, StepShape
 from engine.sampler import SamplerOutput
@@ -35,8 +35,13 @@ class PricedBatch:
 
 
 class PricedRunner:
-    def __init__(self, profile: Profile, num_blocks: int, clock: SimClock, token_id: int):
+    """`others_busy` says, when a step starts, what share of the host's other workers have work (None: alone
+    on its host): the served step's factor follows it (`ServingCost.factor_at`)."""
+
+    def __init__(self, profile: Profile, num_blocks: int, clock: SimClock, token_id: int,
+                 others_busy: Callable[[], float | None] = lambda: None):  # fmt: skip
         self.profile, self.num_blocks, self.clock, self.token_id = profile, num_blocks, clock, token_id
+        self.others_busy = others_busy
         self.steps = 0
         self.busy_s = 0.0
 
@@ -44,7 +49,7 @@ class PricedRunner:
         return PricedBatch(shape_of(scheduled), sum(1 for s in scheduled if s.samples))
 
     def execute(self, batch: PricedBatch, attachment: bytes = b"", layer_done=None) -> SamplerOutput:
-        seconds = self.profile.step_seconds(batch.shape) * self.profile.serving.step_factor
+        seconds = self.profile.step_seconds(batch.shape) * self.profile.serving.factor_at(self.others_busy())
         self.clock.now += seconds
         self.steps += 1
         self.busy_s += seconds

@@ -86,11 +86,15 @@ class _Client:
 
 
 def build_workers(layout: Layout, events: EventQueue) -> list[SimWorker]:
+    """The layout's workers, all on one host: the layouts simulated from this machine's measured profiles
+    share its cores (published profiles have no host factors: `ServingCost.factor_at`)."""
     workers = [SimWorker(f"prefill-{i}", "prefill", layout.prefill.profile, layout.engine, events,
                          layout.arrival_window) for i in range(layout.prefill.replicas)]  # fmt: skip
     threshold = COLOCATED_THRESHOLD if layout.colocated else 0
     workers += [SimWorker(f"decode-{i}", "decode", layout.decode.profile, layout.engine, events, layout.arrival_window,
                           threshold) for i in range(layout.decode.replicas)]  # fmt: skip
+    for worker in workers:
+        worker.host = workers
     return workers
 
 

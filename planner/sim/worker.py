@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from costmodel import Profile
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -50,7 +51,8 @@ class SimWorker:
         self.name, self.role, self.profile, self.events = name, role, profile, events
         self.serving = profile.serving
         self.clock = SimClock()
-        self.engine = sim_engine(profile, limits, self.clock)
+        self.engine = sim_engine(profile, limits, self.clock, self._others_busy)
+        self.host: list[SimWorker] = [self]  # the workers on this one's host (`planner.sim.run` sets it)
         self.window = ArrivalWindow(window)
         self.local_prefill_threshold = local_prefill_threshold
         self.router = None  # the SimRouter, set when it registers this worker
@@ -61,6 +63,14 @@ class SimWorker:
         self._held: dict[str, tuple] = {}  # prefill: request id -> (engine Request holding blocks, its Prefill task)
         self._link_free_at = 0.0  # prefill: when its KV sender has sent what it was given
         self.load = self._snapshot()
+
+    def _others_busy(self) -> float | None:
+        """The share of this host's other workers inside a step or with work queued now; None when it has no
+        other. (A step's requests are already advanced when it starts: inside its last step a worker has none.)"""
+        others = [w for w in self.host if w is not self]
+        if not others:
+            return None
+        return sum(1 for w in others if w.in_step or w.engine.has_unfinished_requests()) / len(others)
 
     # ---- delivery ----------------------------------------------------------------
     def post(self, message) -> None:
@@ -189,7 +199,8 @@ def _params(output_len: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
 
 
-def sim_engine(profile: Profile, limits: EngineLimits, clock: SimClock) -> LLMEngine:
+def sim_engine(profile: Profile, limits: EngineLimits, clock: SimClock,
+               others_busy: Callable[[], float | None] = lambda: None) -> LLMEngine:  # fmt: skip
     """A real `LLMEngine` (scheduler, block pool, prefix cache) whose steps are priced by `profile`."""
     dims = profile.model
     model = ModelConfig(architecture="LlamaForCausalLM", vocab_size=dims.vocab_size, hidden_size=dims.hidden_size,
@@ -204,7 +215,7 @@ def sim_engine(profile: Profile, limits: EngineLimits, clock: SimClock) -> LLMEn
         scheduler=SchedulerConfig(limits.max_num_seqs, limits.max_num_batched_tokens,
                                   limits.max_model_len or dims.max_position_embeddings),
     )  # fmt: skip
-    runner = PricedRunner(profile, num_blocks, clock, token_id=dims.vocab_size - 1)
+    runner = PricedRunner(profile, num_blocks, clock, dims.vocab_size - 1, others_busy)
     quiet = logging.getLogger("tandem.engine")
     level, quiet.level = quiet.level, logging.WARNING  # "engine ready" once per simulated worker is noise
     try:

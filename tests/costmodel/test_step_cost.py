@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel import ModelDims, Profile, StepCost, StepShape, TransferCost, devices, published_profile
+from costmodel import ModelDims, Profile, ServingCost, StepCost, StepShape, TransferCost, devices, published_profile
 from costmodel.step_shape import chunk_attention_pairs
 from planner.local_profile import load_samples
 from tests.planner.profiles import TINY_DIMS, hand_profile
@@ -91,3 +91,13 @@ def test_a_model_that_does_not_fit_is_an_error_not_a_plan():
     assert published_profile("h200", huge, tp_size=2).kv_cache_tokens > 0
     with pytest.raises(ValueError, match="unknown device"):
         published_profile("tpu", TINY_DIMS)
+
+
+def test_the_served_step_factor_moves_with_the_share_of_busy_neighbours():
+    serving = ServingCost(step_factor=1.3, alone_step_factor=1.1)
+    assert [serving.factor_at(share) for share in (None, 0.0, 0.5, 1.0)] == pytest.approx([1.3, 1.1, 1.2, 1.3])
+    assert ServingCost(step_factor=1.3).factor_at(0.0) == 1.3  # not measured alone: one factor throughout
+    assert ServingCost.from_dict(serving.to_dict()) == serving
+    assert ServingCost.from_dict(ServingCost().to_dict()).alone_step_factor is None
+    with pytest.raises(ValueError, match="alone_step_factor must be >= 0"):
+        ServingCost(alone_step_factor=-1.0)

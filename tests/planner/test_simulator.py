@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from costmodel import TransferCost
@@ -93,3 +95,28 @@ def test_disaggregated_pools_free_every_block():
     for w in workers:
         assert w.engine.kv_cache.num_free_blocks == w.engine.kv_cache.pool.num_blocks, w.name
     assert all(s.in_flight == 0 and s.prompt_tokens_queued == 0 for s in router.registry.workers.values())
+
+
+def test_a_step_is_slower_while_the_hosts_other_workers_have_work():
+    """Two colocated workers; steps of 10 ms + 1 ms per token, served at 1x alone and 2x beside a busy one.
+
+    One request alone: prefill 10 tokens 20 ms, decode rows 11 ms each:   0.020, 0.031, 0.042
+    Two at once, one on each worker (a factor is read as a step starts):
+      A's prefill starts before B reaches the other worker: alone, 20 ms;  0.020
+      then A decodes while B is busy, 22 ms each:                          0.042, 0.064
+      B's prefill, decodes, all beside A busy (A's last step ends 0.064):  0.040, 0.062, 0.084
+    """
+    base = hand_profile()
+    profile = dataclasses.replace(base, serving=dataclasses.replace(base.serving, step_factor=2.0,
+                                                                    alone_step_factor=1.0))  # fmt: skip
+    layout = Layout(PoolLayout(0, None), PoolLayout(2, profile), LIMITS, arrival_window=NO_WINDOW)
+    (alone,) = simulate(layout, [SimRequest(0.0, prompt(10), 3)]).requests
+    assert alone.token_times == pytest.approx([0.020, 0.031, 0.042])
+    pair = simulate(layout, [SimRequest(0.0, prompt(10), 3), SimRequest(0.0, prompt(10, 900), 3)]).requests
+    a, b = pair
+    assert a.token_times == pytest.approx([0.020, 0.042, 0.064])
+    assert b.token_times == pytest.approx([0.040, 0.062, 0.084])
+    # A worker alone on its host (no other worker) is served at step_factor whatever it does.
+    single = Layout(PoolLayout(0, None), PoolLayout(1, profile), LIMITS, arrival_window=NO_WINDOW)
+    (lone,) = simulate(single, [SimRequest(0.0, prompt(10), 3)]).requests
+    assert lone.token_times == pytest.approx([0.040, 0.062, 0.084])
