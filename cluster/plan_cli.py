@@ -163,7 +163,7 @@ def describe_profile(profile) -> str:
     lines += [f"  {name:30s} {value:.4g}" for name, value in profile.step.to_dict().items()]
     lines.append(f"KV transfer: {profile.transfer.latency_s * 1e3:.2f} ms + {profile.transfer.bytes_per_s / 1e9:.2f} GB/s")
     lines.append(f"KV capacity per worker: {profile.kv_cache_tokens} tokens ({profile.kv_bytes_per_token} B/token)")
-    lines.append("serving: " + ", ".join(f"{k} {v:.4g}" for k, v in profile.serving.to_dict().items()))
+    lines.append("serving: " + ", ".join(f"{k} {v:.4g}" for k, v in profile.serving.to_dict().items() if v is not None))
     if profile.fit:
         f = profile.fit
         lines.append(f"fit over {f.points} measured steps: |error| median {f.median_abs_error:.1%}, p90 "

@@ -3,6 +3,7 @@ and every bad input a clear error naming what is wrong."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -75,3 +76,12 @@ def test_a_malformed_trace_line_is_named(profile_file, tmp_path):
 def test_a_profile_of_another_tensor_parallel_size_is_refused(profile_file):
     message = fails_with(["simulate", "--profile", profile_file, "-tp", "2", *WORKLOAD])
     assert "tensor_parallel_size is 2 but the profile" in message
+
+
+def test_a_profile_is_described_with_its_serving_costs_measured_or_not():
+    from cluster.plan_cli import describe_profile
+
+    base = hand_profile()
+    alone = dataclasses.replace(base, serving=dataclasses.replace(base.serving, alone_step_factor=0.97))
+    assert "alone_step_factor" not in describe_profile(base)  # not measured: not said
+    assert "alone_step_factor 0.97" in describe_profile(alone)
