@@ -26,6 +26,8 @@ Steps, each in its own process group under its own time budget (device_check/pla
                  `tandem plan --profile` takes), and the published-figures profile's error on those steps
   step_trace     where a decode step's time goes (torch.profiler): the device's busy share of the step's
                  wall time, and the host operators that take the most
+  graph_probe    the model's decode forward captured as one CUDA graph and replayed, against eager: what
+                 graphs would buy, and whether the forward still allows them
   kv_transfer    two engines in two processes on the one GPU: KV over ZMQ IPC and TCP, bit-identical
                  blocks and the same tokens (NCCL needs two GPUs, gloo CPU tensors: said, not run)
 

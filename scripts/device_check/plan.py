@@ -16,12 +16,13 @@ from .bench_figures import engine_figures, kernel_figures, test_figures
 from .launch import command
 from .runner import Step, StepResult, skipped
 
-ORDER = ("kernels", "model", "engine", "bench_kernels", "bench_engine", "profile", "step_trace", "kv_transfer")
+ORDER = ("kernels", "model", "engine", "bench_kernels", "bench_engine", "profile", "step_trace", "graph_probe",
+         "kv_transfer")  # fmt: skip
 TOTAL_S = 480  # the whole check: 8 of a lent GPU's 15 minutes, the machine's start and a rerun beside it
 # Seconds each step may take at most; the real runs should need about half.
 BUDGET_S = {"kernels": 150, "model": 90, "engine": 180, "bench_kernels": 90, "bench_engine": 150, "profile": 120,
-            "step_trace": 90, "kv_transfer": 90}  # fmt: skip
-NEEDS_MODEL = ("engine", "bench_engine", "profile", "step_trace")
+            "step_trace": 90, "graph_probe": 60, "kv_transfer": 90}  # fmt: skip
+NEEDS_MODEL = ("engine", "bench_engine", "profile", "step_trace", "graph_probe")
 PROFILE_FILE = "profile.json"  # the measured profile, in OUT_DIR: what `tandem plan --profile` takes
 
 
@@ -106,12 +107,21 @@ def step_trace(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
     return Step("step_trace", command("device_check.step_trace", *args), BUDGET_S["step_trace"])
 
 
+def graph_probe(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
+    figures = done["model"].figures if "model" in done else {}
+    if "model_dir" not in figures:
+        return skipped("graph_probe", "no real-size model: the model step did not make one")
+    args = ["--device", s.device, "--model-dir", figures["model_dir"], "--rows", "1,4" if s.dry_run else "1,64"]
+    return Step("graph_probe", command("device_check.graph_probe", *args), BUDGET_S["graph_probe"])
+
+
 def kv_transfer(s: Settings, done: dict[str, StepResult]) -> Step:
     args = ["--device", s.device, "--work", str(s.work)]
     return Step("kv_transfer", command("device_check.kv_engines", *args), BUDGET_S["kv_transfer"])
 
 
-FACTORIES = {f.__name__: f for f in (kernels, model, engine, bench_kernels, bench_engine, profile, step_trace, kv_transfer)}
+FACTORIES = {f.__name__: f for f in (kernels, model, engine, bench_kernels, bench_engine, profile, step_trace,
+                                               graph_probe, kv_transfer)}
 
 
 def selected(only: str | None) -> list[str]:

@@ -25,7 +25,7 @@ TOP_HOST_OPS = 6
 KV_BYTES = 1 << 30
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -52,10 +52,10 @@ def decoding_engine(model_dir: str, device: str, dtype: str, rows: int):
 def timed_step_ms(engine, device: str) -> float:
     times = []
     for _ in range(TIMED_STEPS):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         engine.step()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2] * 1e3
 
@@ -67,7 +67,7 @@ def traced(engine, device: str):
     with profile(activities=activities) as prof:
         for _ in range(TRACED_STEPS):
             engine.step()
-        _sync(device)
+        sync(device)
     return prof.key_averages()
 
 

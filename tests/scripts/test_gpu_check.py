@@ -37,7 +37,7 @@ def test_dry_run_passes_with_the_packages_the_gpu_image_lacks_blocked(tmp_path):
     assert {name: step["status"] for name, step in steps.items()} == {
         "kernels": "passed", "model": "skipped", "engine": "passed",
         "bench_kernels": "passed", "bench_engine": "passed", "profile": "passed",
-        "step_trace": "passed", "kv_transfer": "skipped",
+        "step_trace": "passed", "graph_probe": "passed", "kv_transfer": "skipped",
     }, proc.stdout  # fmt: skip
     assert "pyzmq is not importable" in steps["kv_transfer"]["reason"]
     assert "dry run" in steps["model"]["reason"] and "stands in" in steps["model"]["reason"]
@@ -54,6 +54,8 @@ def test_dry_run_passes_with_the_packages_the_gpu_image_lacks_blocked(tmp_path):
     assert measured["source"] == "measured" and measured["fit"]["points"] > 10
     trace = steps["step_trace"]["figures"]
     assert "device busy" in trace["decode 4 rows"] and "calls/step" in trace["decode 4 rows, host: aten::mm"]
+    probe = steps["graph_probe"]["figures"]
+    assert probe["decode 4 rows, eager forward"].endswith(" ms") and "need a GPU" in probe["decode 4 rows, graph"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files == sorted(["summary.md", "results.json", "steps.log", plan.PROFILE_FILE, "profile.samples.json"])
     assert all(f"==== {name} ====" in (tmp_path / "out" / "steps.log").read_text() for name in plan.ORDER)
