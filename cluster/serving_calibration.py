@@ -10,9 +10,12 @@ drives it twice:
             left of it after the prefill the worker measured and the arrival window (`request_s`); with
             several workers, its TPOT against the simulator's gives `alone_step_factor` (the others idle);
   loaded    Poisson arrivals at about half the pool's capacity: its mean TPOT against the simulator's on the
-            same requests gives `step_factor`, the served step over the profiled one while the host's other
-            workers step too (corrected until the simulation agrees: the simulated TPOT is not quite
-            proportional to it, the less so where the others are often idle).
+            same requests gives, with several workers, `step_factor` (the served step over the profiled one
+            while the host's other workers step too: they contend for its cores and memory), and with one
+            worker `per_round_s`, serving's own time around each step (its I/O thread, the router on the same
+            cores): a time per step, not a share of it. Against the four real loads of bench_plan's run of
+            2026-11-26 17:52, a factor on the lone worker's every step (1.40) over-predicted TPOT p50 by
+            10-69%, an added 6 ms a step missed by 6% at most. Either is found by bisection on the simulation.
 
 About a minute and a half on 2 cores, besides the deployment's start.
 """
@@ -91,13 +94,30 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
         serving = dataclasses.replace(serving, alone_step_factor=idle_tpot / predicted)
         alone = f", alone_step_factor {serving.alone_step_factor:.3f} (served TPOT {idle_tpot * 1e3:.1f} ms idle)"
     real_tpot = _mean_tpot(loaded)
-    for _ in range(4):  # the simulated TPOT is not quite proportional to the factor: correct until it agrees
-        predicted = _simulated_tpot(dataclasses.replace(profile, serving=serving), replicas, requests)
-        serving = dataclasses.replace(serving, step_factor=max(0.0, serving.step_factor * real_tpot / predicted))
+    # Several workers contend for the host: a share of every step. One worker: serving's own time per step.
+    name, low, high = ("step_factor", serving.alone_step_factor or 1.0, 8.0) if replicas > 1 else \
+        ("per_round_s", 0.0, 0.1)
+
+    def simulated(value: float) -> float:
+        trial = dataclasses.replace(serving, **{name: value})
+        return _simulated_tpot(dataclasses.replace(profile, serving=trial), replicas, requests)
+
+    serving = dataclasses.replace(serving, **{name: _solved(simulated, real_tpot, low, high)})
+    loaded_fit = (f"step_factor {serving.step_factor:.3f}" if replicas > 1
+                  else f"per_round_s {serving.per_round_s * 1e3:.1f} ms")  # fmt: skip
     note = (f"serving calibrated on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
-            f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), step_factor {serving.step_factor:.3f} (served "
-            f"TPOT {real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip
+            f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), {loaded_fit} (served TPOT "
+            f"{real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip
     return dataclasses.replace(profile, serving=serving, notes=(*profile.notes, note))
+
+
+def _solved(simulated: Callable[[float], float], target: float, low: float, high: float) -> float:
+    """The value in [low, high] whose simulated TPOT is `target`, by bisection: the TPOT grows with either
+    value, but not in proportion (slower steps overlap more of the neighbours' work and queue more)."""
+    for _ in range(20):
+        middle = (low + high) / 2
+        low, high = (middle, high) if simulated(middle) < target else (low, middle)
+    return (low + high) / 2
 
 
 def _simulated_tpot(profile: Profile, replicas: int, requests: list[SimRequest]) -> float:

@@ -10,7 +10,8 @@ A step's price is multiplied by how much slower the engine's steps run inside a 
 share the host with the router, Ray's daemons, the worker's own I/O thread and the host's other workers:
 
   step_factor        while the host's other workers step too (all of them; 10-25% slower than profiled
-                     on the 2-core machines), and for a worker alone on its host, under any load
+                     on the 2-core machines); 1.0 for a worker alone on its host, whose served overhead
+                     is time per step (`per_round_s`, calibrated under load)
   alone_step_factor  while none of the host's other workers has work: measured one request at a time
                      (None: not measured, `step_factor` throughout)
 

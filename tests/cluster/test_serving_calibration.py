@@ -1,0 +1,48 @@
+"""The serving calibration's fit, from outcomes as its client records them (the real runs are bench_plan's)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cluster import serving_calibration as calibration
+from tests.planner.profiles import hand_profile
+
+
+def _profile():
+    base = hand_profile(kv_cache_tokens=16 * 4096)
+    return dataclasses.replace(base, model=dataclasses.replace(base.model, vocab_size=32000))
+
+
+def _served(prompt_len: int, output_len: int, ttft: float, itl: float, phases=None):
+    return calibration.Outcome(prompt_len, 0.0, True, ttft, ttft + (output_len - 1) * itl, [itl] * (output_len - 1),
+                               phases or {})  # fmt: skip
+
+
+def _outcomes(profile, replicas: int, idle_itl: float, loaded_itl: float):
+    idle = [_served(calibration.IDLE_PROMPT, calibration.IDLE_OUTPUT, 0.3, idle_itl, {"prefill_s": 0.25})] * 5
+    requests = calibration._load(profile, replicas)
+    loaded = [_served(len(r.prompt), r.output_len, 0.3, loaded_itl) for r in requests]
+    return idle, requests, loaded
+
+
+def test_one_worker_is_fitted_a_time_per_step_that_reproduces_its_served_tpot():
+    profile = _profile()
+    idle, requests, loaded = _outcomes(profile, 1, 0.02, 0.05)
+    fitted = calibration._fitted(profile, 1, idle, requests, loaded).serving
+    assert fitted.step_factor == 1.0 and fitted.alone_step_factor is None
+    assert fitted.per_round_s > profile.serving.per_round_s
+    assert fitted.request_s == pytest.approx(0.3 - 0.25 - 0.012, abs=0.002)  # TTFT - prefill - the window's quiet
+    simulated = calibration._simulated_tpot(dataclasses.replace(profile, serving=fitted), 1, requests)
+    assert simulated == pytest.approx(0.05, rel=0.02)
+
+
+def test_several_workers_are_fitted_a_factor_alone_and_one_beside_busy_neighbours():
+    profile = _profile()
+    idle, requests, loaded = _outcomes(profile, 2, 0.011, 0.05)  # alone: as profiled (10 ms + 1 ms a token)
+    fitted = calibration._fitted(profile, 2, idle, requests, loaded).serving
+    assert fitted.per_round_s == profile.serving.per_round_s
+    assert fitted.alone_step_factor == pytest.approx(1.0, abs=0.05) and fitted.step_factor > 1.2
+    simulated = calibration._simulated_tpot(dataclasses.replace(profile, serving=fitted), 2, requests)
+    assert simulated == pytest.approx(0.05, rel=0.05)  # steep there: slower steps overlap more and queue more
