@@ -35,6 +35,7 @@ from costmodel import Profile, ServingCost, StepShape
 from planner.workload import SimRequest, WorkloadSpec
 
 IDLE_REQUESTS, IDLE_PROMPT, IDLE_OUTPUT = 5, 256, 32
+NOTE_START = "serving calibrated"
 LOAD = dict(num_prompts=24, random_input_len=384, random_output_len=96, seed=5, ignore_eos=True)
 
 
@@ -105,10 +106,11 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
     serving = dataclasses.replace(serving, **{name: _solved(simulated, real_tpot, low, high)})
     loaded_fit = (f"step_factor {serving.step_factor:.3f}" if replicas > 1
                   else f"per_round_s {serving.per_round_s * 1e3:.1f} ms")  # fmt: skip
-    note = (f"serving calibrated on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
+    note = (f"{NOTE_START} on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
             f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), {loaded_fit} (served TPOT "
             f"{real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip
-    return dataclasses.replace(profile, serving=serving, notes=(*profile.notes, note))
+    kept = tuple(n for n in profile.notes if not n.startswith(NOTE_START))  # an earlier calibration's note goes
+    return dataclasses.replace(profile, serving=serving, notes=(*kept, note))
 
 
 def _solved(simulated: Callable[[float], float], target: float, low: float, high: float) -> float:

@@ -36,6 +36,8 @@ def test_one_worker_is_fitted_a_time_per_step_that_reproduces_its_served_tpot():
     assert fitted.request_s == pytest.approx(0.3 - 0.25 - 0.012, abs=0.002)  # TTFT - prefill - the window's quiet
     simulated = calibration._simulated_tpot(dataclasses.replace(profile, serving=fitted), 1, requests)
     assert simulated == pytest.approx(0.05, rel=0.02)
+    again = calibration._fitted(calibration._fitted(profile, 1, idle, requests, loaded), 1, idle, requests, loaded)
+    assert [n for n in again.notes if n.startswith("serving calibrated")] == [again.notes[-1]]  # the latest only
 
 
 def test_several_workers_are_fitted_a_factor_alone_and_one_beside_busy_neighbours():
