@@ -103,9 +103,12 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
         trial = dataclasses.replace(serving, **{name: value})
         return _simulated_tpot(dataclasses.replace(profile, serving=trial), replicas, requests)
 
+    reachable = simulated(low) <= real_tpot <= simulated(high)
     serving = dataclasses.replace(serving, **{name: _solved(simulated, real_tpot, low, high)})
     loaded_fit = (f"step_factor {serving.step_factor:.3f}" if replicas > 1
                   else f"per_round_s {serving.per_round_s * 1e3:.1f} ms")  # fmt: skip
+    if not reachable:  # the served TPOT is outside what the search reaches: say so, do not pass a bound as a fit
+        loaded_fit += f" (a bound of its search [{low:g}, {high:g}]: the served TPOT lies beyond it)"
     note = (f"{NOTE_START} on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
             f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), {loaded_fit} (served TPOT "
             f"{real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip

@@ -10,10 +10,10 @@ A step's price is multiplied by how much slower the engine's steps run inside a 
 share the host with the router, Ray's daemons, the worker's own I/O thread and the host's other workers:
 
   step_factor        while the host's other workers step too (all of them; 10-25% slower than profiled
-                     on the 2-core machines); 1.0 for a worker alone on its host, whose served overhead
-                     is time per step (`per_round_s`, calibrated under load)
-  alone_step_factor  while none of the host's other workers has work: measured one request at a time
-                     (None: not measured, `step_factor` throughout)
+                     on the 2-core machines); 1.0 for a kind calibrated as the one worker of its host,
+                     whose served overhead is time per step (`per_round_s`, calibrated under load)
+  alone_step_factor  while none of the host's other workers has work, or it has none: measured one
+                     request at a time (None: not measured, `step_factor` throughout)
 
 Between the two, the factor moves with the share of the other workers that have work (`factor_at`): on 2
 cores, a decode worker whose neighbour prefilled now and then served its steps 13% faster than two
@@ -43,8 +43,10 @@ class ServingCost:
     def factor_at(self, others_busy: float | None) -> float:
         """The served step over the profiled one while `others_busy` (0 to 1) of the host's other workers have
         work; None: the worker is alone on its host."""
-        if others_busy is None or self.alone_step_factor is None:
+        if self.alone_step_factor is None:
             return self.step_factor
+        if others_busy is None:  # no neighbour to contend with: as alone
+            return self.alone_step_factor
         return self.alone_step_factor + (self.step_factor - self.alone_step_factor) * others_busy
 
     def to_dict(self) -> dict[str, float | None]:

@@ -32,8 +32,8 @@ Steps, each in its own process group under its own time budget (device_check/pla
                  blocks and the same tokens (NCCL needs two GPUs, gloo CPU tensors: said, not run)
 
 OUT_DIR gets summary.md (the table of steps, key figures, the benchmarks' records), results.json,
-steps.log (every step's output in order) and profile.json: under the eight files the device tool
-sends back. The exit status is 1 when a
+steps.log (every step's output in order), profile.json and profile.samples.json: five files, under
+the eight the device tool sends back. The exit status is 1 when a
 step failed; a skipped step says why. Where the results go: docs/engine.md, "GPU check".
 
 The default model: its GGUF is 94 MiB and its converted directory 513 MiB (float32), both over the
@@ -142,7 +142,8 @@ def main(argv=None) -> int:
     os.chdir(REPO)  # the steps name scripts and tests by paths from the repository root
     if not args.dry_run and _gpu_name().startswith("no GPU"):
         print("no GPU found (nvidia-smi): the CUDA steps will fail; --dry-run runs them on the CPU", flush=True)
-    (out_dir / STEPS_LOG).unlink(missing_ok=True)  # a log of an earlier check in the same folder
+    for earlier in (STEPS_LOG, plan.PROFILE_FILE, Path(plan.PROFILE_FILE).stem + ".samples.json"):
+        (out_dir / earlier).unlink(missing_ok=True)  # an earlier check's, in the same folder
     results = run(args, out_dir, work)
     lines, recs = header(args), records(work)
     text = report.summary("GPU check", lines, results, recs)

@@ -74,9 +74,10 @@ def measure(args):
     worker = LocalWorker(model=args.model_dir, dtype=dtype, torch_threads=args.torch_threads, device=args.device)
     published = devices.published_profile(args.published, model_dims(args.model_dir)) if args.published else None
     transfer = None
-    if not importable("zmq"):
-        transfer = published.transfer if published else None
-        figure("KV transfer", "published figure (pyzmq is not importable: not timed here)")
+    if not importable("zmq"):  # the transfer probe's control messages are ZMQ
+        stand_in = published or devices.published_profile("h100", model_dims(args.model_dir))
+        transfer = stand_in.transfer
+        figure("KV transfer", f"{stand_in.device}'s published figure (pyzmq is not importable: not timed here)")
     grid = ProfileGrid.tiny() if args.dry_run else ProfileGrid()
     key = profile_key(worker, args.model_dir)
     profile, samples = measure_profile(worker, args.model_dir, key, grid, lambda what: print(what, flush=True),

@@ -95,9 +95,11 @@ def test_a_model_that_does_not_fit_is_an_error_not_a_plan():
 
 def test_the_served_step_factor_moves_with_the_share_of_busy_neighbours():
     serving = ServingCost(step_factor=1.3, alone_step_factor=1.1)
-    assert [serving.factor_at(share) for share in (None, 0.0, 0.5, 1.0)] == pytest.approx([1.3, 1.1, 1.2, 1.3])
+    assert [serving.factor_at(share) for share in (None, 0.0, 0.5, 1.0)] == pytest.approx([1.1, 1.1, 1.2, 1.3])
     assert ServingCost(step_factor=1.3).factor_at(0.0) == 1.3  # not measured alone: one factor throughout
     assert ServingCost.from_dict(serving.to_dict()) == serving
     assert ServingCost.from_dict(ServingCost().to_dict()).alone_step_factor is None
+    older = {k: v for k, v in serving.to_dict().items() if k != "alone_step_factor"}  # a profile cached before it
+    assert ServingCost.from_dict(older).alone_step_factor is None
     with pytest.raises(ValueError, match="alone_step_factor must be >= 0"):
         ServingCost(alone_step_factor=-1.0)
