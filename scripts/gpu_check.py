@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     os.chdir(REPO)  # the steps name scripts and tests by paths from the repository root
     if not args.dry_run and _gpu_name().startswith("no GPU"):
         print("no GPU found (nvidia-smi): the CUDA steps will fail; --dry-run runs them on the CPU", flush=True)
-    for earlier in (STEPS_LOG, plan.PROFILE_FILE, Path(plan.PROFILE_FILE).stem + ".samples.json"):
+    for earlier in (STEPS_LOG, plan.PROFILE_FILE, plan.PROFILE_SAMPLES_FILE):
         (out_dir / earlier).unlink(missing_ok=True)  # an earlier check's, in the same folder
     results = run(args, out_dir, work)
     lines, recs = header(args), records(work)

@@ -72,10 +72,11 @@ def measure(args):
 
     dtype = "float32" if args.dry_run else "bfloat16"
     worker = LocalWorker(model=args.model_dir, dtype=dtype, torch_threads=args.torch_threads, device=args.device)
-    published = devices.published_profile(args.published, model_dims(args.model_dir)) if args.published else None
+    dims = model_dims(args.model_dir)
+    published = devices.published_profile(args.published, dims) if args.published else None
     transfer = None
     if not importable("zmq"):  # the transfer probe's control messages are ZMQ
-        stand_in = published or devices.published_profile("h100", model_dims(args.model_dir))
+        stand_in = published or devices.published_profile("h100", dims)
         transfer = stand_in.transfer
         figure("KV transfer", f"{stand_in.device}'s published figure (pyzmq is not importable: not timed here)")
     grid = ProfileGrid.tiny() if args.dry_run else ProfileGrid()

@@ -24,6 +24,8 @@ BUDGET_S = {"kernels": 150, "model": 90, "engine": 180, "bench_kernels": 90, "be
             "step_trace": 90, "graph_probe": 60, "kv_transfer": 90}  # fmt: skip
 NEEDS_MODEL = ("engine", "bench_engine", "profile", "step_trace", "graph_probe")
 PROFILE_FILE = "profile.json"  # the measured profile, in OUT_DIR: what `tandem plan --profile` takes
+PROFILE_SAMPLES_FILE = "profile.samples.json"  # its measured steps, beside it (device_profile.py)
+NO_MODEL = "no real-size model: the model step did not make one"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class Settings:
         if self.dry_run:
             return {"TRITON_INTERPRET": "1", "TANDEM_CPU_KERNELS": "0"}
         return {"TRITON_INTERPRET": "0"}
+
+
+def _model_dir(done: dict[str, StepResult]) -> str | None:
+    """The real-size model's directory, as the model step said it (None: it made none)."""
+    return done["model"].figures.get("model_dir") if "model" in done else None
 
 
 def kernels(s: Settings, done: dict[str, StepResult]) -> Step:
@@ -74,11 +81,11 @@ def bench_kernels(s: Settings, done: dict[str, StepResult]) -> Step:
 
 
 def bench_engine(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
-    figures = done["model"].figures if "model" in done else {}
-    if "model_dir" not in figures:
-        return skipped("bench_engine", "no real-size model: the model step did not make one")
+    model_dir = _model_dir(done)
+    if model_dir is None:
+        return skipped("bench_engine", NO_MODEL)
     out = s.work / "bench_engine.json"
-    args = ["--device", s.device, "--model", figures["model_dir"], "--json", str(out),
+    args = ["--device", s.device, "--model", model_dir, "--json", str(out),
             "--markdown", str(s.work / "BENCHMARKS.md")]  # fmt: skip
     if s.dry_run:
         args += ["--dtype", "float32", "--num-requests", "4", "--hf-batch-size", "4", "--output-len-scale", "0.05",
@@ -90,28 +97,28 @@ def bench_engine(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
 
 
 def profile(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
-    figures = done["model"].figures if "model" in done else {}
-    if "model_dir" not in figures:
-        return skipped("profile", "no real-size model: the model step did not make one")
-    args = ["--device", s.device, "--model-dir", figures["model_dir"], "--out", str(s.out / PROFILE_FILE)]
+    model_dir = _model_dir(done)
+    if model_dir is None:
+        return skipped("profile", NO_MODEL)
+    args = ["--device", s.device, "--model-dir", model_dir, "--out", str(s.out / PROFILE_FILE)]
     args += ["--dry-run", "--published", "h200"] if s.dry_run else []  # a dry run compares to figures all the same
     return Step("profile", command("device_check.device_profile", *args), BUDGET_S["profile"])
 
 
 def step_trace(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
-    figures = done["model"].figures if "model" in done else {}
-    if "model_dir" not in figures:
-        return skipped("step_trace", "no real-size model: the model step did not make one")
-    args = ["--device", s.device, "--model-dir", figures["model_dir"]]
+    model_dir = _model_dir(done)
+    if model_dir is None:
+        return skipped("step_trace", NO_MODEL)
+    args = ["--device", s.device, "--model-dir", model_dir]
     args += ["--dry-run", "--rows", "1,4"] if s.dry_run else ["--rows", "1,64"]
     return Step("step_trace", command("device_check.step_trace", *args), BUDGET_S["step_trace"])
 
 
 def graph_probe(s: Settings, done: dict[str, StepResult]) -> Step | StepResult:
-    figures = done["model"].figures if "model" in done else {}
-    if "model_dir" not in figures:
-        return skipped("graph_probe", "no real-size model: the model step did not make one")
-    args = ["--device", s.device, "--model-dir", figures["model_dir"], "--rows", "1,4" if s.dry_run else "1,64"]
+    model_dir = _model_dir(done)
+    if model_dir is None:
+        return skipped("graph_probe", NO_MODEL)
+    args = ["--device", s.device, "--model-dir", model_dir, "--rows", "1,4" if s.dry_run else "1,64"]
     return Step("graph_probe", command("device_check.graph_probe", *args), BUDGET_S["graph_probe"])
 
 
@@ -121,7 +128,7 @@ def kv_transfer(s: Settings, done: dict[str, StepResult]) -> Step:
 
 
 FACTORIES = {f.__name__: f for f in (kernels, model, engine, bench_kernels, bench_engine, profile, step_trace,
-                                               graph_probe, kv_transfer)}
+                                     graph_probe, kv_transfer)}
 
 
 def selected(only: str | None) -> list[str]:

@@ -57,7 +57,7 @@ def test_dry_run_passes_with_the_packages_the_gpu_image_lacks_blocked(tmp_path):
     probe = steps["graph_probe"]["figures"]
     assert probe["decode 4 rows, eager forward"].endswith(" ms") and "need a GPU" in probe["decode 4 rows, graph"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == sorted(["summary.md", "results.json", "steps.log", plan.PROFILE_FILE, "profile.samples.json"])
+    assert files == sorted(["summary.md", "results.json", "steps.log", plan.PROFILE_FILE, plan.PROFILE_SAMPLES_FILE])
     assert all(f"==== {name} ====" in (tmp_path / "out" / "steps.log").read_text() for name in plan.ORDER)
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| kv_transfer | skipped |" in summary and "Record" in summary
