@@ -98,15 +98,16 @@ def _data_host(spec: ClusterSpec) -> str:
 class Deployment:
     def __init__(self, spec: ClusterSpec):
         from router.app import create_app
-        from router.policy import make_decode_policy, make_policy
+        from router.policy import make_pool_policies
         from router.registry import WorkerRegistry
         from router.server import RouterServer
 
         self.spec = spec = with_cluster_key(spec)
         self.admin_token = new_token()  # written for `tandem scale/status` once the port is known
         self.config = dataclasses.replace(router_config(spec), admin_token=self.admin_token)
-        policy = make_policy(self.config.routing_policy, **dict(self.config.routing_options))
-        registry = WorkerRegistry(policy, make_decode_policy(block_size=spec.engine.block_size))
+        policies = make_pool_policies(self.config.routing_policy, dict(self.config.routing_options),
+                                      spec.engine.block_size, self.config.colocated)  # fmt: skip
+        registry = WorkerRegistry(*policies)
         self.app = create_app(self.config, registry)
         install_admin_routes(self.app, scale_bounds(spec))
         self.server = RouterServer(self.app, spec.router.host, spec.router.port)

@@ -35,7 +35,7 @@ from router.dispatch import Dispatcher
 from router.errors import APIError, install_error_handlers
 from router.http_guard import RequestGuard, allowed_hosts_for
 from router.metrics import RouterMetrics
-from router.policy import make_policy
+from router.policy import make_pool_policies
 from router.registry import WorkerRegistry
 from router.served_model import ServedModel
 from router.serving import Admission, RequestRunner
@@ -71,7 +71,9 @@ class RouterState:
 def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> FastAPI:
     import time
 
-    registry = registry or WorkerRegistry(make_policy(config.routing_policy, **dict(config.routing_options)))
+    options = dict(config.routing_options)
+    registry = registry or WorkerRegistry(*make_pool_policies(config.routing_policy, options,
+                                                              options.get("block_size", 16), config.colocated))
     registry.judge_by(config.liveness)  # also a registry the cluster built: the config says how workers are judged
     stream = TokenStreamConsumer(config.stream_address, config.cluster_key, registry.sender_name)
     metrics = RouterMetrics(registry)

@@ -3,7 +3,7 @@ handoff of `router.dispatch` / `router.handoff` replayed on simulated time.
 
     arrival (+ request_s: HTTP, tokenize)
       admit: max_in_flight sequences, else refused (429); the TTFT prediction, else refused (429)
-      route: decode by `registry.pick_decode`, prefill by `router.local_prefill.choose_prefill` (none: colocated,
+      route: decode by `registry.pick_decode` (by the prompt's policy when colocated), prefill by `router.local_prefill.choose_prefill` (none: colocated,
              or decode prefills it itself); the counts it holds on them kept by `router.attempt.Attempt`,
              as the real dispatcher keeps them
       reserve on decode (a hop each way); refused while full: again every `reserve_retry_s` until
@@ -27,7 +27,7 @@ from planner.sim.messages import Prefill, Refused, Reserve, Reserved
 from planner.sim.worker import SimWorker
 from router.attempt import Attempt
 from router.local_prefill import choose_prefill
-from router.policy import make_decode_policy, make_policy
+from router.policy import make_pool_policies
 from router.registry import WorkerRegistry
 from router.ttft_prediction import FirstTokenTooLate, check_ttft
 from router.worker_state import WorkerState
@@ -77,8 +77,7 @@ class SimRouter:
     def __init__(self, events: EventQueue, workers: list[SimWorker], knobs: RouterKnobs, block_size: int,
                  colocated: bool):  # fmt: skip
         options = {"block_size": block_size} if knobs.routing_policy == "cache_aware" else {}
-        self.registry = WorkerRegistry(make_policy(knobs.routing_policy, **options),
-                                       make_decode_policy(block_size=block_size))  # fmt: skip
+        self.registry = WorkerRegistry(*make_pool_policies(knobs.routing_policy, options, block_size, colocated))
         self.events, self.knobs, self.colocated = events, knobs, colocated
         self.workers = {w.name: w for w in workers}
         for w in workers:

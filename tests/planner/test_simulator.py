@@ -120,3 +120,16 @@ def test_a_step_is_slower_while_the_hosts_other_workers_have_work():
     single = Layout(PoolLayout(0, None), PoolLayout(1, profile), LIMITS, arrival_window=NO_WINDOW)
     (lone,) = simulate(single, [SimRequest(0.0, prompt(10), 3)]).requests
     assert lone.token_times == pytest.approx([0.020, 0.031, 0.042])
+
+
+def test_colocated_workers_are_chosen_by_prefix_so_a_shared_prompt_is_computed_once():
+    """Two colocated workers, prefixes P and Q of 64 tokens (4 blocks). P goes to one worker, Q (while P is
+    in flight) to the other; later, Q's and then P's second prompts each go where their prefix is cached:
+    only the 8 new tokens are computed (18 ms), not 72 (two steps: 74 + 18 ms)."""
+    p, q = prompt(64, 100), prompt(64, 500)
+    layout = Layout(PoolLayout(0, None), PoolLayout(2, hand_profile()), LIMITS, arrival_window=NO_WINDOW)
+    requests = [SimRequest(0.0, p + prompt(8, 900), 2), SimRequest(0.001, q + prompt(8, 910), 2),
+                SimRequest(1.0, q + prompt(8, 920), 2), SimRequest(2.0, p + prompt(8, 930), 2)]  # fmt: skip
+    first_p, first_q, second_q, second_p = simulate(layout, requests).requests
+    assert (first_p.ttft, first_q.ttft) == pytest.approx((0.092, 0.092))
+    assert (second_q.ttft, second_p.ttft) == pytest.approx((0.018, 0.018))
