@@ -7,8 +7,10 @@ cores take), started on an embedded Ray, and a client of our own (token-id promp
 drives it twice:
 
   idle      one request at a time: the router's and the hops' share of the time to first token is what is
-            left of it after the prefill the worker measured and the arrival window (`request_s`); with
-            several workers, its TPOT against the simulator's gives `alone_step_factor` (the others idle);
+            left of it after the prefill the worker measured and the arrival window (`request_s`); that
+            prefill against the profile's price of its step gives `prefill_factor` (prompt tokens are
+            compute-bound: the factor for them is not the decode steps'); with several workers, its TPOT
+            against the simulator's gives `alone_step_factor` (the others idle);
   loaded    Poisson arrivals at about half the pool's capacity: its mean TPOT against the simulator's on the
             same requests gives, with several workers, `step_factor` (the served step over the profiled one
             while the host's other workers step too: they contend for its cores and memory), and with one
@@ -86,7 +88,10 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
     ttft = statistics.median(o.ttft for o in idle)
     prefill = statistics.median(o.phases.get("prefill_s", 0.0) for o in idle)
     request_s = max(0.0, ttft - prefill - ArrivalWindowConfig().quiet_s - 2 * serving.message_s)
-    serving = dataclasses.replace(serving, request_s=request_s, step_factor=1.0, alone_step_factor=None)
+    profiled_prefill = profile.step_seconds(StepShape.prefill(IDLE_PROMPT))
+    prefill_factor = prefill / profiled_prefill if prefill > 0 else None  # no phases: the step factors throughout
+    serving = dataclasses.replace(serving, request_s=request_s, step_factor=1.0, alone_step_factor=None,
+                                  prefill_factor=prefill_factor)  # fmt: skip
     alone = ""
     if replicas > 1:
         idle_tpot = _mean_tpot(idle)
@@ -110,7 +115,8 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
     if not reachable:  # the served TPOT is outside what the search reaches: say so, do not pass a bound as a fit
         loaded_fit += f" (a bound of its search [{low:g}, {high:g}]: the served TPOT lies beyond it)"
     note = (f"{NOTE_START} on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
-            f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), {loaded_fit} (served TPOT "
+            f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), prefill_factor "
+            f"{prefill / profiled_prefill:.3f} (profiled {profiled_prefill * 1e3:.0f} ms), {loaded_fit} (served TPOT "
             f"{real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip
     kept = tuple(n for n in profile.notes if not n.startswith(NOTE_START))  # an earlier calibration's note goes
     return dataclasses.replace(profile, serving=serving, notes=(*kept, note))

@@ -14,13 +14,19 @@ Layouts: the default (one colocated worker on every core), 1 prefill + 1 decode 
 and two colocated workers on a core each. Workloads: a burst, Poisson arrivals of long prompts, shared
 prefixes, long outputs.
 
-    python scripts/bench_plan.py --markdown BENCHMARKS.md
+    python scripts/bench_plan.py --passes 3 --markdown BENCHMARKS.md
     python scripts/bench_plan.py --layouts default --workloads burst --scale 0.5     # a quick look
+    python scripts/bench_plan.py --from /tmp/bench-plan-x,/tmp/bench-plan-y          # re-predict measured passes
+
+Each pass measures every layout under every workload (the same seeds each pass: the same prompts and
+arrivals, so what moves between passes is the machine); its folder keeps the measured results and a
+manifest, so `--from` predicts them again after the model changed, without a server.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -34,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_loads import chosen_layout, tandem_serve, vllm_bench  # noqa: E402
-from bench_report import add_markdown_option, machine_line, record_run, run_text  # noqa: E402
+from bench_report import add_markdown_option, git_commit, machine_line, record_run, run_text  # noqa: E402
 
 LAYOUTS = {
     "default": (),
@@ -43,6 +49,7 @@ LAYOUTS = {
 }
 METRICS = (("median_ttft_ms", "TTFT p50"), ("p90_ttft_ms", "TTFT p90"), ("median_tpot_ms", "TPOT p50"),
            ("p90_tpot_ms", "TPOT p90"), ("output_throughput", "out tok/s"))  # fmt: skip
+MANIFEST = "run.json"  # what a pass measured: layouts, seeds, scale, when, the commit
 COMMON = ("--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99")
 
 
@@ -117,11 +124,76 @@ def reprofile(threads: list[int]) -> None:
                         str(t)], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
 
 
+def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], scale: float, tokenizer: str) -> Path:
+    """Every layout under every workload, measured now; the folder of their results, with its manifest."""
+    work = Path(tempfile.mkdtemp(prefix="bench-plan-"))
+    seeds = {w.name: seed for seed, w in enumerate(chosen, start=101)}
+    chosen_default = ""
+    for i, (name, flags) in enumerate(layouts.items()):
+        log = work / f"serve-{i}.log"
+        with tandem_serve(None, log, flags=flags) as url:
+            for workload in chosen:
+                real = measured(url, tokenizer, workload, seeds[workload.name], work / result_name("real", name, workload))
+                print(f"measured {name} / {workload.name}: {real['completed']} completed", flush=True)
+        chosen_default = chosen_layout(log) if name == "default" else chosen_default
+    manifest = {"measured": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "commit": git_commit(), "scale": scale,
+                "layouts": {n: list(f) for n, f in layouts.items()}, "seeds": seeds, "chosen_default": chosen_default}
+    (work / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return work
+
+
+def read_pass(folder: Path) -> tuple[dict, list[dict]]:
+    """A measured pass's manifest and its rows (layout, workload, seed, real). A folder from before manifests
+    were written holds every layout and workload of this script at scale 1, seeds from 101 in its order."""
+    path = folder / MANIFEST
+    manifest = json.loads(path.read_text()) if path.exists() else {
+        "measured": "unrecorded", "commit": "unrecorded", "scale": 1.0, "chosen_default": "",
+        "layouts": {n: list(f) for n, f in LAYOUTS.items()},
+        "seeds": {w.name: seed for seed, w in enumerate(workloads(), start=101)}}  # fmt: skip
+    rows = []
+    for name in manifest["layouts"]:
+        for workload in workloads(manifest["scale"]):
+            real = folder / result_name("real", name, workload)
+            if workload.name in manifest["seeds"] and real.exists():
+                rows.append({"layout": name, "workload": workload.name, "seed": manifest["seeds"][workload.name],
+                             "real": json.loads(real.read_text())})  # fmt: skip
+    if not rows:
+        raise SystemExit(f"{folder}: no measured results (real-*.json) in it")
+    return manifest, rows
+
+
+def predict_pass(folder: Path, manifest: dict, rows: list[dict]) -> None:
+    """Each row's prediction, made now with the profiles cached now (written beside the measured result)."""
+    by_name = {w.name: w for w in workloads(manifest["scale"])}
+    for r in rows:
+        layout = tuple(manifest["layouts"][r["layout"]])
+        r["pred"] = predicted(layout, by_name[r["workload"]], r["seed"], folder / result_name("pred", r["layout"], by_name[r["workload"]]))
+
+
+def result_name(kind: str, layout: str, workload: Workload) -> str:
+    return f"{kind}-{layout}-{workload.name}.json".replace(" ", "_")
+
+
+def over_passes(passes: list[list[dict]]) -> str:
+    """Each metric's median |error| in every pass, their median, and the worst error of any pass."""
+    lines = ["| metric | median abs error, pass by pass | median of the passes' medians | worst of any pass |",
+             "|---|---|---|---|"]  # fmt: skip
+    for key, label in METRICS:
+        errors = [[abs(error(r["pred"][key], r["real"][key])) for r in rows] for rows in passes]
+        medians = [statistics.median(e) for e in errors]
+        lines.append(f"| {label} | {' / '.join(f'{m:.0%}' for m in medians)} | {statistics.median(medians):.0%} | "
+                     f"{max(max(e) for e in errors):.0%} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layouts", default=",".join(LAYOUTS), help=f"some of: {', '.join(LAYOUTS)}")
     p.add_argument("--workloads", default=",".join(w.name for w in workloads()))
     p.add_argument("--scale", type=float, default=1.0, help="prompts per workload, times this")
+    p.add_argument("--passes", type=int, default=1, help="measure everything this many times (the machine's noise)")
+    p.add_argument("--from", dest="from_", metavar="DIR[,DIR...]",
+                   help="predict the measured results of earlier passes (their folders) instead of measuring")
     p.add_argument("--no-reprofile", action="store_true", help="use the cached profiles as they are")
     add_markdown_option(p)
     return p.parse_args(argv)
@@ -129,40 +201,42 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from engine.model_source import resolve_model
+    if args.from_:
+        folders = [Path(f) for f in args.from_.split(",")]
+    else:
+        from engine.model_source import resolve_model
 
-    tokenizer = str(resolve_model(None))
-    chosen = [w for w in workloads(args.scale) if w.name in args.workloads.split(",")]
-    layouts = {name: LAYOUTS[name] for name in args.layouts.split(",")}
-    if not args.no_reprofile:
-        reprofile(sorted({int(f[f.index("--torch-threads") + 1]) if "--torch-threads" in f else os.cpu_count()
-                          for f in layouts.values()}))  # fmt: skip
-    work = Path(tempfile.mkdtemp(prefix="bench-plan-"))
-    rows, chosen_default = [], ""
-    for name, flags in layouts.items():
-        log = work / f"serve-{len(rows)}.log"
-        with tandem_serve(None, log, flags=flags) as url:
-            for seed, workload in enumerate(chosen, start=101):
-                real = measured(url, tokenizer, workload, seed, work / f"real-{name}-{workload.name}.json".replace(" ", "_"))
-                rows.append({"layout": name, "workload": workload.name, "real": real, "seed": seed})
-                print(f"measured {name} / {workload.name}: {real['completed']} completed", flush=True)
-        chosen_default = chosen_layout(log) if name == "default" else chosen_default
-    for r in rows:
-        out = work / f"pred-{r['layout']}-{r['workload']}.json".replace(" ", "_")
-        r["pred"] = predicted(layouts[r["layout"]], next(w for w in chosen if w.name == r["workload"]), r["seed"], out)
-    text = table(rows) + "\n\n" + summary(rows)
+        tokenizer = str(resolve_model(None))
+        chosen = [w for w in workloads(args.scale) if w.name in args.workloads.split(",")]
+        layouts = {name: LAYOUTS[name] for name in args.layouts.split(",")}
+        if not args.no_reprofile:
+            reprofile(sorted({int(f[f.index("--torch-threads") + 1]) if "--torch-threads" in f else os.cpu_count()
+                              for f in layouts.values()}))  # fmt: skip
+        folders = [measure_pass(layouts, chosen, args.scale, tokenizer) for _ in range(args.passes)]
+    passes, texts = [], []
+    for folder in folders:
+        manifest, rows = read_pass(folder)
+        predict_pass(folder, manifest, rows)
+        passes.append(rows)
+        texts.append(f"Pass {len(passes)}: measured {manifest['measured']} (commit {manifest['commit']}), results "
+                     f"{folder}\n\n{table(rows)}\n\n{summary(rows)}")  # fmt: skip
+    text = "\n\n".join(texts) + (f"\n\nOver the {len(passes)} passes:\n\n{over_passes(passes)}" if len(passes) > 1 else "")
     print(text)
-    print(f"results: {work}")
     if args.markdown:
-        details = ("Layouts: " + "; ".join(f"`{n}`: `tandem serve {' '.join(f)}`".replace(" `", " `", 1)
-                                           for n, f in layouts.items())
-                   + (f" (the default here: {chosen_default})" if chosen_default else "") + ". Workloads (`vllm bench "
-                   "serve` flags, with `--ignore-eos`; the same flags to `tandem simulate`):\n"
-                   + "\n".join(f"- `{w.name}`: {w.description}: `{' '.join(w.flags)}`" for w in chosen)
-                   + "\n\nerror = predicted / measured - 1; the target: median |error| <= 10% on every metric, none "
-                   "worse than 25%.")  # fmt: skip
-        record = run_text("bench_plan.py", sys.argv[1:], machine_line(), details, text)
+        record = run_text("bench_plan.py", sys.argv[1:], machine_line(), details(read_pass(folders[-1])[0]), text)
         record_run(args.markdown, "bench_plan.py", record)
+
+
+def details(manifest: dict) -> str:
+    chosen_default = manifest["chosen_default"]
+    layouts = "; ".join(f"`{n}`: `tandem serve {' '.join(f)}`".replace(" `", " `", 1) for n, f in manifest["layouts"].items())
+    chosen = [w for w in workloads(manifest["scale"]) if w.name in manifest["seeds"]]
+    return ("Layouts: " + layouts + (f" (the default here: {chosen_default})" if chosen_default else "")
+            + ". Workloads (`vllm bench serve` flags, with `--ignore-eos`; the same flags to `tandem simulate`):\n"
+            + "\n".join(f"- `{w.name}`: {w.description}: `{' '.join(w.flags)}`" for w in chosen)
+            + "\n\nerror = predicted / measured - 1; the target: median |error| <= 10% on every metric, none "
+            "worse than 25%. Predictions are made when the script runs, from the profiles cached then; measured "
+            "results are each pass's own.")  # fmt: skip
 
 
 if __name__ == "__main__":

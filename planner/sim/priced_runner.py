@@ -31,12 +31,14 @@ class SimClock:
 class PricedBatch:
     shape: StepShape
     sampled_rows: int
+    prompt_tokens: int  # the prefill chunks' tokens (the rest of `shape.tokens` are decode rows)
     prompt_spans: tuple = ()  # the simulated requests ask for no prompt logprobs
 
 
 class PricedRunner:
     """`others_busy` says, when a step starts, what share of the host's other workers have work (None: alone
-    on its host): the served step's factor follows it (`ServingCost.factor_at`)."""
+    on its host): the served step's factor follows it and the step's share of prompt tokens
+    (`ServingCost.factor_for`)."""
 
     def __init__(self, profile: Profile, num_blocks: int, clock: SimClock, token_id: int,
                  others_busy: Callable[[], float | None] = lambda: None):  # fmt: skip
@@ -46,10 +48,12 @@ class PricedRunner:
         self.busy_s = 0.0
 
     def prepare(self, scheduled: Sequence[ScheduledRequest]) -> PricedBatch:
-        return PricedBatch(shape_of(scheduled), sum(1 for s in scheduled if s.samples))
+        prompt_tokens = sum(s.num_new_tokens for s in scheduled if not s.is_decode)
+        return PricedBatch(shape_of(scheduled), sum(1 for s in scheduled if s.samples), prompt_tokens)
 
     def execute(self, batch: PricedBatch, attachment: bytes = b"", layer_done=None) -> SamplerOutput:
-        seconds = self.profile.step_seconds(batch.shape) * self.profile.serving.factor_at(self.others_busy())
+        prompt_share = batch.prompt_tokens / max(batch.shape.tokens, 1)
+        seconds = self.profile.step_seconds(batch.shape) * self.profile.serving.factor_for(self.others_busy(), prompt_share)
         self.clock.now += seconds
         self.steps += 1
         self.busy_s += seconds

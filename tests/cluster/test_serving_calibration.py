@@ -34,6 +34,7 @@ def test_one_worker_is_fitted_a_time_per_step_that_reproduces_its_served_tpot():
     assert fitted.step_factor == 1.0 and fitted.alone_step_factor is None
     assert fitted.per_round_s > profile.serving.per_round_s
     assert fitted.request_s == pytest.approx(0.3 - 0.25 - 0.012, abs=0.002)  # TTFT - prefill - the window's quiet
+    assert fitted.prefill_factor == pytest.approx(0.25 / 0.266)  # served prefill / profiled (10 ms + 256 x 1 ms)
     simulated = calibration._simulated_tpot(dataclasses.replace(profile, serving=fitted), 1, requests)
     assert simulated == pytest.approx(0.05, rel=0.02)
     again = calibration._fitted(calibration._fitted(profile, 1, idle, requests, loaded), 1, idle, requests, loaded)

@@ -103,3 +103,15 @@ def test_the_served_step_factor_moves_with_the_share_of_busy_neighbours():
     assert ServingCost.from_dict(older).alone_step_factor is None
     with pytest.raises(ValueError, match="alone_step_factor must be >= 0"):
         ServingCost(alone_step_factor=-1.0)
+
+
+def test_prompt_tokens_are_served_at_the_prefill_factor_decode_rows_at_the_step_factors():
+    serving = ServingCost(step_factor=1.3, alone_step_factor=1.1, prefill_factor=1.0)
+    assert serving.factor_for(1.0, 1.0) == pytest.approx(1.0)  # a prompt chunk: contention barely shows
+    assert serving.factor_for(1.0, 0.0) == pytest.approx(1.3)  # a decode batch beside busy neighbours
+    assert serving.factor_for(None, 0.5) == pytest.approx(1.05)  # half and half, alone
+    assert ServingCost(step_factor=1.3).factor_for(1.0, 1.0) == 1.3  # not measured: one factor for every token
+    older = {k: v for k, v in serving.to_dict().items() if k != "prefill_factor"}  # a profile cached before it
+    assert ServingCost.from_dict(older).prefill_factor is None
+    with pytest.raises(ValueError, match="prefill_factor must be >= 0"):
+        ServingCost(prefill_factor=-1.0)

@@ -133,3 +133,13 @@ def test_colocated_workers_are_chosen_by_prefix_so_a_shared_prompt_is_computed_o
     first_p, first_q, second_q, second_p = simulate(layout, requests).requests
     assert (first_p.ttft, first_q.ttft) == pytest.approx((0.092, 0.092))
     assert (second_q.ttft, second_p.ttft) == pytest.approx((0.018, 0.018))
+
+
+def test_a_prompt_chunk_is_priced_at_the_prefill_factor_and_decode_rows_at_the_step_factor():
+    """One worker, steps of 10 ms + 1 ms per token; prompt tokens served at 1x, decode rows at 2x:
+    prefill of 10 tokens 20 ms (0.020), then two decode rows of 11 ms at 2x (0.042, 0.064)."""
+    base = hand_profile()
+    profile = dataclasses.replace(base, serving=dataclasses.replace(base.serving, step_factor=2.0, prefill_factor=1.0))
+    layout = Layout(PoolLayout(0, None), PoolLayout(1, profile), LIMITS, arrival_window=NO_WINDOW)
+    (request,) = simulate(layout, [SimRequest(0.0, prompt(10), 3)]).requests
+    assert request.token_times == pytest.approx([0.020, 0.042, 0.064])

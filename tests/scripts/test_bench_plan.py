@@ -1,0 +1,48 @@
+"""bench_plan's passes: what a measured pass's folder holds, how an earlier one is read back, and the
+errors summarised over several passes (the measuring and predicting themselves are the benchmark's run)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts import bench_plan
+
+KEYS = [key for key, _ in bench_plan.METRICS]
+
+
+def _result(value: float) -> dict:
+    return {key: value for key in KEYS} | {"completed": 4}
+
+
+def test_a_folder_from_before_manifests_is_read_with_the_scripts_own_seeds(tmp_path):
+    burst, prefixes = bench_plan.workloads()[0], bench_plan.workloads()[2]
+    (tmp_path / bench_plan.result_name("real", "1P+1D", burst)).write_text(json.dumps(_result(10.0)))
+    (tmp_path / bench_plan.result_name("real", "2 colocated x1", prefixes)).write_text(json.dumps(_result(20.0)))
+    manifest, rows = bench_plan.read_pass(tmp_path)
+    assert manifest["commit"] == "unrecorded"
+    assert [(r["layout"], r["workload"], r["seed"], r["real"]["p90_ttft_ms"]) for r in rows] == [
+        ("1P+1D", "burst", 101, 10.0), ("2 colocated x1", "prefixes", 103, 20.0)]  # fmt: skip
+
+
+def test_a_manifest_names_the_layouts_seeds_and_scale_it_measured(tmp_path):
+    long_outputs = bench_plan.workloads(0.5)[3]
+    manifest = {"measured": "2026-11-26 20:00", "commit": "abc", "scale": 0.5, "chosen_default": "",
+                "layouts": {"mine": ["--num-decode", "3"]}, "seeds": {"long-outputs": 7}}  # fmt: skip
+    (tmp_path / bench_plan.MANIFEST).write_text(json.dumps(manifest))
+    (tmp_path / bench_plan.result_name("real", "mine", long_outputs)).write_text(json.dumps(_result(5.0)))
+    read, rows = bench_plan.read_pass(tmp_path)
+    assert read == manifest and [(r["layout"], r["workload"], r["seed"]) for r in rows] == [("mine", "long-outputs", 7)]
+    with pytest.raises(SystemExit, match="no measured results"):
+        (tmp_path / "empty").mkdir()
+        bench_plan.read_pass(tmp_path / "empty")
+
+
+def test_over_passes_gives_each_passes_median_their_median_and_the_worst():
+    def rows(*errors):  # one row per error, every metric off by it
+        return [{"pred": _result(100.0 * (1 + e)), "real": _result(100.0)} for e in errors]
+
+    text = bench_plan.over_passes([rows(0.05, -0.10, 0.30), rows(0.02, 0.04, 0.06), rows(-0.20, 0.20, 0.12)])
+    ttft_p50 = next(line for line in text.splitlines() if line.startswith("| TTFT p50 "))
+    assert ttft_p50 == "| TTFT p50 | 10% / 4% / 20% | 10% | 30% |"
