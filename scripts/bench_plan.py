@@ -126,7 +126,7 @@ def reprofile(threads: list[int]) -> None:
 
 def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], scale: float, tokenizer: str) -> Path:
     """Every layout under every workload, measured now; the folder of their results, with its manifest."""
-    work = Path(tempfile.mkdtemp(prefix="bench-plan-"))
+    work, started = Path(tempfile.mkdtemp(prefix="bench-plan-")), datetime.datetime.now()
     seeds = {w.name: seed for seed, w in enumerate(chosen, start=101)}
     chosen_default = ""
     for i, (name, flags) in enumerate(layouts.items()):
@@ -136,7 +136,7 @@ def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], sc
                 real = measured(url, tokenizer, workload, seeds[workload.name], work / result_name("real", name, workload))
                 print(f"measured {name} / {workload.name}: {real['completed']} completed", flush=True)
         chosen_default = chosen_layout(log) if name == "default" else chosen_default
-    manifest = {"measured": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "commit": git_commit(), "scale": scale,
+    manifest = {"measured": f"{started:%Y-%m-%d %H:%M}", "commit": git_commit(), "scale": scale,
                 "layouts": {n: list(f) for n, f in layouts.items()}, "seeds": seeds, "chosen_default": chosen_default}
     (work / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return work
@@ -175,15 +175,26 @@ def result_name(kind: str, layout: str, workload: Workload) -> str:
 
 
 def over_passes(passes: list[list[dict]]) -> str:
-    """Each metric's median |error| in every pass, their median, and the worst error of any pass."""
-    lines = ["| metric | median abs error, pass by pass | median of the passes' medians | worst of any pass |",
-             "|---|---|---|---|"]  # fmt: skip
+    """Each metric's median |error| in every pass, their median, the worst error of any pass, and how far the
+    machine itself moved: per layout and workload, the largest measured value over the smallest of all
+    passes, less 1 (the median over them, and the largest)."""
+    lines = ["| metric | median abs error, pass by pass | median of the passes' medians | worst of any pass | "
+             "measured spread between passes: median, largest |", "|---|---|---|---|---|"]  # fmt: skip
     for key, label in METRICS:
         errors = [[abs(error(r["pred"][key], r["real"][key])) for r in rows] for rows in passes]
         medians = [statistics.median(e) for e in errors]
+        spreads = _spreads(passes, key)
         lines.append(f"| {label} | {' / '.join(f'{m:.0%}' for m in medians)} | {statistics.median(medians):.0%} | "
-                     f"{max(max(e) for e in errors):.0%} |")  # fmt: skip
+                     f"{max(max(e) for e in errors):.0%} | {statistics.median(spreads):.0%}, {max(spreads):.0%} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _spreads(passes: list[list[dict]], key: str) -> list[float]:
+    measured: dict[tuple[str, str], list[float]] = {}
+    for rows in passes:
+        for r in rows:
+            measured.setdefault((r["layout"], r["workload"]), []).append(r["real"][key])
+    return [max(v) / min(v) - 1 for v in measured.values() if len(v) == len(passes) and min(v) > 0] or [0.0]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

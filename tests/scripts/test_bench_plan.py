@@ -40,9 +40,10 @@ def test_a_manifest_names_the_layouts_seeds_and_scale_it_measured(tmp_path):
 
 
 def test_over_passes_gives_each_passes_median_their_median_and_the_worst():
-    def rows(*errors):  # one row per error, every metric off by it
-        return [{"pred": _result(100.0 * (1 + e)), "real": _result(100.0)} for e in errors]
+    def rows(real: float, *errors):  # one row per error, every metric off by it
+        return [{"layout": "l", "workload": f"w{i}", "pred": _result(real * (1 + e)), "real": _result(real)}
+                for i, e in enumerate(errors)]  # fmt: skip
 
-    text = bench_plan.over_passes([rows(0.05, -0.10, 0.30), rows(0.02, 0.04, 0.06), rows(-0.20, 0.20, 0.12)])
-    ttft_p50 = next(line for line in text.splitlines() if line.startswith("| TTFT p50 "))
-    assert ttft_p50 == "| TTFT p50 | 10% / 4% / 20% | 10% | 30% |"
+    passes = [rows(100.0, 0.05, -0.10, 0.30), rows(100.0, 0.02, 0.04, 0.06), rows(120.0, -0.20, 0.20, 0.12)]
+    ttft_p50 = next(line for line in bench_plan.over_passes(passes).splitlines() if line.startswith("| TTFT p50 "))
+    assert ttft_p50 == "| TTFT p50 | 10% / 4% / 20% | 10% | 30% | 20%, 20% |"  # the third pass measured 1.2x
