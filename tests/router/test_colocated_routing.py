@@ -14,11 +14,9 @@ import pytest
 from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from router.control_client import control_endpoint
-from router.dispatch import Dispatcher
 from router.policy import make_pool_policies
 from router.registry import WorkerRegistry
-from router.token_stream import TokenStreamConsumer
+from tests.router.colocated_workers import colocated_dispatcher
 from tests.router.test_dispatch import GREEDY, tokens_of
 
 BLOCK = 16
@@ -40,21 +38,14 @@ def test_prompts_that_share_a_prefix_go_to_the_worker_that_cached_it(pair):
 
     async def main():
         registry = WorkerRegistry(*make_pool_policies("cache_aware", {"block_size": BLOCK}, BLOCK, colocated=True))
-        for worker in pair:
-            registry.register(worker.config.name, "decode", control_endpoint(worker.control_address()))
-        stream = TokenStreamConsumer()
-        await stream.start()
-        try:
-            dispatcher = Dispatcher(registry, stream, colocated=True)
-            chosen: dict[str, list[str]] = {}
+        chosen: dict[str, list[str]] = {}
+        async with colocated_dispatcher(registry, pair) as dispatcher:
             for prefix, prompt in prompts:
                 gen = await dispatcher.start(prompt, GREEDY)
                 chosen.setdefault(prefix, []).append(gen.decode.name)
                 tokens, _ = await tokens_of(gen)
                 assert len(tokens) == GREEDY.max_tokens
-            return chosen
-        finally:
-            await stream.close()
+        return chosen
 
     chosen = asyncio.run(main())
     assert len(set(chosen["p"])) == 1 and len(set(chosen["q"])) == 1 and chosen["p"][0] != chosen["q"][0]

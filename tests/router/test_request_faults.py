@@ -15,13 +15,12 @@ import pytest
 from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
-from router.control_client import control_endpoint
-from router.dispatch import Dispatcher, RequestFailedSteps
+from router.dispatch import RequestFailedSteps
 from router.errors import from_dispatch
 from router.policy import make_policy
 from router.registry import WorkerRegistry
-from router.token_stream import TokenStreamConsumer
 from tests.e2e.harness import wait_for
+from tests.router.colocated_workers import colocated_dispatcher
 from tests.router.test_dispatch import GREEDY, tokens_of
 
 POISON = [13, 13, 13]  # three in a row: only a prompt has them (decode steps here hold one token per row)
@@ -49,19 +48,12 @@ def poisoned(tiny_model_dirs):
 def test_a_request_that_fails_the_steps_of_two_workers_is_its_own_400(poisoned):
     async def main():
         registry = WorkerRegistry(make_policy("round_robin"))
-        for worker in poisoned:
-            registry.register(worker.config.name, "decode", control_endpoint(worker.control_address()))
-        stream = TokenStreamConsumer()
-        await stream.start()
-        try:
-            dispatcher = Dispatcher(registry, stream, colocated=True)
+        async with colocated_dispatcher(registry, poisoned) as dispatcher:
             with pytest.raises(RequestFailedSteps) as failed:
                 await tokens_of(await dispatcher.start([5, *POISON, 7], GREEDY))
             fine = [await tokens_of(await dispatcher.start([5, 6, 7 + i], GREEDY)) for i in range(2)]
             await dispatcher.drain_aborts()
             return failed.value, fine, {w.name for w in registry.pickable("decode")}
-        finally:
-            await stream.close()
 
     failure, fine, pickable = asyncio.run(main())
     error = from_dispatch(failure)
