@@ -1,7 +1,7 @@
 """The decode side of the KV handoff on a worker's I/O thread: a `KVReceiver` and the commands that drive it.
 
     loop thread ── ExpectKV(request, block ids) ──► receiver.recv        (before the reserve is answered)
-                ── ReleaseKV(request, reason) ────► receiver.abort, then KVReleased back:
+                ── ReleaseKV(request, reason) ────► receiver.abort, then Released back:
                                                     from then on nothing writes the request's blocks
                 ── AnswerAfter(answer, result) ───► answer(result) here, after the commands before it
     loop thread ◄── TransferEnded(request, rank, done | failed, reason) ── the receiver's events
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvtransfer.receiver import KVReceiver
+from runtime.transfer_service import TransferService
 from wire.ranks import TransferEnded
 
 logger = logging.getLogger("tandem.decode")
@@ -44,18 +45,14 @@ class AnswerAfter:
     result: object
 
 
-@dataclass(frozen=True)
-class KVReleased:
-    request_id: str
-    rank: int = 0
-
-
-class KVReceiving:
+class KVReceiving(TransferService):
     def __init__(self, receiver: KVReceiver, report: Callable[[object], None], rank: int = 0):
-        self.receiver, self.report, self.rank = receiver, report, rank
+        super().__init__(receiver, report, rank)
+        self.receiver = receiver
 
     def commands(self) -> dict[type, Callable]:
-        return {ExpectKV: self.expect, ReleaseKV: self.release, AnswerAfter: lambda cmd: cmd.answer(cmd.result)}
+        return {ExpectKV: self.expect, ReleaseKV: lambda cmd: self.release(cmd.request_id, cmd.reason),
+                AnswerAfter: lambda cmd: cmd.answer(cmd.result)}  # fmt: skip
 
     def expect(self, cmd: ExpectKV) -> None:
         try:
@@ -64,25 +61,9 @@ class KVReceiving:
             logger.error("cannot expect the KV of %s: %s", cmd.request_id, err)
             self.report(TransferEnded(cmd.request_id, self.rank, "failed", reason=str(err)))
 
-    def release(self, cmd: ReleaseKV) -> None:
-        self.receiver.abort(cmd.request_id, cmd.reason)  # a no-op once its transfer ended
-        self.report(KVReleased(cmd.request_id, self.rank))
-
-    def sockets(self) -> list:
-        return self.receiver.sockets()
-
-    def next_deadline(self) -> float | None:
-        return self.receiver.next_deadline()
-
-    def service(self) -> None:
-        for event in self.receiver.poll(0):
-            self.report(TransferEnded(event.request_id, self.rank, event.kind, reason=event.reason))
 
     def counters(self) -> dict:
         """The heartbeat's KV figures (read from other threads: plain ints and floats)."""
         stats = self.receiver.stats
         return {"kv_transfers": stats.transfers_completed, "kv_transfer_bytes": stats.transfer_bytes,
                 "kv_transfer_seconds": stats.transfer_seconds}  # fmt: skip
-
-    def close(self) -> None:
-        self.receiver.close()

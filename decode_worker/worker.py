@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from decode_worker.kv_receiving import AnswerAfter, ExpectKV, KVReleased, ReleaseKV
+from decode_worker.kv_receiving import AnswerAfter, ExpectKV, ReleaseKV
 from decode_worker.recompute import requeue_locally
 from decode_worker.records import DecodeRecord, Event, Phase
 from decode_worker.streaming import final_delta, output_delta
@@ -47,6 +47,7 @@ from wire.push_pull import PullSocket, Pushers
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
+from runtime.transfer_service import Released
 from runtime.worker_config import WorkerConfig
 
 logger = logging.getLogger("tandem.decode")
@@ -78,7 +79,7 @@ class DecodeWorker(RequestTable):
             self.take_call(message)
         elif isinstance(message, TransferEnded):
             self._transfer_ended(message)
-        elif isinstance(message, KVReleased):
+        elif isinstance(message, Released):
             self.on(message.request_id, Event.RELEASED, rank=0)
 
     def reserve(self, call: Call) -> None:

@@ -2,7 +2,7 @@
 
     loop / forward thread ── StartSend(order) ──────► open this rank's transfers of the request
                           ── SendLayer(ids, layer) ─► ship that layer of those requests (its KV is final)
-                          ── ReleaseSend(id) ───────► abort its transfers, then SendReleased back:
+                          ── ReleaseSend(id) ───────► abort its transfers, then Released back:
                                                       from then on nothing reads its blocks
     loop thread ◄── TransferEnded(id, rank, peer, done | failed | expired) ── the sender's events
 
@@ -22,6 +22,7 @@ from typing import Callable
 from wire.ranks import ShardOrder, TransferEnded
 from kvtransfer.sender import KVSender
 from prefill_worker.pieces import start_pieces
+from runtime.transfer_service import TransferService
 
 logger = logging.getLogger("tandem.prefill")
 
@@ -43,18 +44,14 @@ class ReleaseSend:
     reason: str
 
 
-@dataclass(frozen=True)
-class SendReleased:
-    request_id: str
-    rank: int = 0
-
-
-class KVSending:
+class KVSending(TransferService):
     def __init__(self, sender: KVSender, kv_caches, num_kv_heads: int, report: Callable[[object], None]):
-        self.sender, self.kv_caches, self.num_kv_heads, self.report = sender, kv_caches, num_kv_heads, report
+        super().__init__(sender, report, sender.tp_rank)
+        self.sender, self.kv_caches, self.num_kv_heads = sender, kv_caches, num_kv_heads
 
     def commands(self) -> dict[type, Callable]:
-        return {StartSend: self.start, SendLayer: self.send_layer, ReleaseSend: self.release}
+        return {StartSend: self.start, SendLayer: self.send_layer,
+                ReleaseSend: lambda cmd: self.release(cmd.request_id, cmd.reason)}  # fmt: skip
 
     def start(self, cmd: StartSend) -> None:
         order, s = cmd.order, self.sender
@@ -68,20 +65,3 @@ class KVSending:
         k_cache, v_cache = self.kv_caches[cmd.layer]
         for request_id in cmd.request_ids:
             self.sender.send_layer(request_id, cmd.layer, k_cache, v_cache)
-
-    def release(self, cmd: ReleaseSend) -> None:
-        self.sender.abort(cmd.request_id, cmd.reason)  # a no-op once its transfers ended
-        self.report(SendReleased(cmd.request_id, self.sender.tp_rank))
-
-    def sockets(self) -> list:
-        return self.sender.sockets()
-
-    def next_deadline(self) -> float | None:
-        return self.sender.next_deadline()
-
-    def service(self) -> None:
-        for e in self.sender.poll(0):
-            self.report(TransferEnded(e.request_id, self.sender.tp_rank, e.kind, e.peer, e.reason))
-
-    def close(self) -> None:
-        self.sender.close()

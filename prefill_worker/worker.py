@@ -38,12 +38,13 @@ from kvtransfer.faults import TransportFaults
 from wire.ranks import RankAck, ShardOrder, ShardOrders, TransferEnded
 from wire.requests import FirstToken, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
 from wire.push_pull import Pushers
-from prefill_worker.kv_sending import ReleaseSend, SendLayer, SendReleased, StartSend
+from prefill_worker.kv_sending import ReleaseSend, SendLayer, StartSend
 from prefill_worker.pieces import transfers_of
 from prefill_worker.records import Event, Phase, PrefillRecord
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
+from runtime.transfer_service import Released
 from runtime.worker_config import WorkerConfig
 
 logger = logging.getLogger("tandem.prefill")
@@ -74,7 +75,7 @@ class PrefillWorker(RequestTable):
             self.take_call(message)
         elif isinstance(message, TransferEnded):
             self._transfer_ended(message)
-        elif isinstance(message, SendReleased):
+        elif isinstance(message, Released):
             self.on(message.request_id, Event.RELEASED, rank=message.rank)
 
     def prefill(self, call: Call) -> None:

@@ -61,7 +61,7 @@ class TransferEnded:
     request_id: str
     rank: int
     kind: str  # "done", "failed" or "expired" (kvtransfer.connector.TransferEvent kinds)
-    peer: str = ""  # prefill: the decode receiver's address ("" when the transfer could not start)
+    peer: str = ""  # the other end: prefill, the decode receiver's address ("" if it never started); decode, the sender
     reason: str = ""
 
     @property

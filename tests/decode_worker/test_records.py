@@ -14,7 +14,6 @@ import pytest
 from decode_worker.kv_receiving import (
     AnswerAfter,
     ExpectKV,
-    KVReleased,
     ReleaseKV,
 )
 from decode_worker.records import Phase
@@ -26,6 +25,7 @@ from wire.ranks import DropShard, ExpectShard, RankAck, TransferEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, ReserveRefused
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard
+from runtime.transfer_service import Released
 from tests.conftest import hf_greedy
 from tests.e2e.harness import GREEDY, PROMPTS
 
@@ -200,7 +200,7 @@ def test_a_failed_transfer_waits_for_the_release_then_recomputes_here(rig, first
     assert worker.records["r"].phase is Phase.RELEASING and not worker.has_work()
     assert worker.engine.kv_cache.num_free_blocks < 32  # still reserved: the receiver may be writing
     worker.handle(TransferEnded("r", 0, "done"))  # late news for a releasing request: ignored
-    worker.handle(KVReleased("r"))
+    worker.handle(Released("r"))
     assert worker.records["r"].phase is Phase.RUNNING
     _run(worker)
     tokens = _tokens(pushers, "r")
@@ -231,7 +231,7 @@ def test_every_other_end_of_a_waiting_request_releases_then_ends_it(rig, how):
         worker.check_deadlines(now=time.monotonic() + 0.02)
     (release,) = io.take(ReleaseKV)
     assert worker.records["r"].phase is Phase.RELEASING and not pushers.sent
-    worker.handle(KVReleased("r"))
+    worker.handle(Released("r"))
     final = _final(pushers, "r")
     assert final.finish_reason == "abort" and release.reason == final.error and final.error
     assert _pool_free(worker)
@@ -264,7 +264,7 @@ def test_tensor_parallel_reserve_is_answered_once_every_rank_acked(rig):
     ranks.inbox.append(TransferEnded("r", 1, "failed", reason="rejected"))
     worker.read_sockets()  # fails on every rank: both must let go before the recompute
     assert io.take(ReleaseKV) and isinstance(ranks.told[-1], DropShard)
-    worker.handle(KVReleased("r"))
+    worker.handle(Released("r"))
     assert worker.records["r"].phase is Phase.RELEASING
     ranks.inbox.append(RankAck("r", 1, "DropShard"))
     worker.read_sockets()
@@ -280,7 +280,7 @@ def test_a_rank_that_never_acks_refuses_the_reserve_and_is_let_go_of(rig):
     worker.check_deadlines(now=time.monotonic() + 0.02)
     (refused,) = answers.got
     assert isinstance(refused, ReserveRefused) and "[1] did not acknowledge" in refused.reason
-    worker.handle(KVReleased("r"))
+    worker.handle(Released("r"))
     worker.check_deadlines(now=time.monotonic() + 0.02)  # rank 1 never lets go either: freed anyway (logged)
     assert _pool_free(worker) and not pushers.sent  # a refused reserve was never the client's
 
@@ -294,5 +294,5 @@ def test_the_router_lease_ends_everything_and_a_failed_step_ends_its_requests(ri
     assert _final(pushers, "local").resumable and "local" not in worker.records  # for the router to move
     worker.check_deadlines(now=time.monotonic() + 0.02)
     assert worker.records["waiting"].phase is Phase.RELEASING
-    worker.handle(KVReleased("waiting"))
+    worker.handle(Released("waiting"))
     assert "no call from the router" in _final(pushers, "waiting").error and _pool_free(worker)

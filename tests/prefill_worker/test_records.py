@@ -19,13 +19,13 @@ from wire.requests import DecodeReservation, FirstToken, GenerateRequest, Prefil
 from prefill_worker.kv_sending import (
     ReleaseSend,
     SendLayer,
-    SendReleased,
     StartSend,
 )
 from prefill_worker.records import Phase
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard
+from runtime.transfer_service import Released
 from tests.decode_worker.test_records import Answers, FakeIO, FakePushers, FakeRanks
 from tests.e2e.harness import GREEDY, PROMPTS
 
@@ -96,7 +96,7 @@ def test_a_failed_transfer_is_released_by_the_sender_before_the_blocks_go_and_de
     assert worker.records["r"].phase is Phase.RELEASING and not _failures(pushers)
     assert worker.engine.kv_cache.num_free_blocks < 32
     worker.handle(TransferEnded("r", 0, "done", DECODE))  # late news: ignored
-    worker.handle(SendReleased("r"))
+    worker.handle(Released("r"))
     (failed,) = _failures(pushers)
     assert kind in failed.reason and failed.reason == release.reason and _pool_free(worker)
 
@@ -111,7 +111,7 @@ def test_an_abort_while_queued_frees_at_once_and_while_sending_after_the_release
     io.posted.clear()
     worker.handle(Call("abort", "sending", Answers()))
     assert io.take(ReleaseSend) and worker.records["sending"].phase is Phase.RELEASING
-    worker.handle(SendReleased("sending"))
+    worker.handle(Released("sending"))
     assert _pool_free(worker) and not _failures(pushers)  # an abort is nothing decode must hear of
 
 
@@ -123,7 +123,7 @@ def test_a_failed_step_fails_its_requests_and_tells_decode(rig, monkeypatch, pha
     assert worker.step() is False
     if phase == "sending":
         assert io.take(StartSend) and worker.records["r"].phase is Phase.RELEASING
-        worker.handle(SendReleased("r"))
+        worker.handle(Released("r"))
     else:
         assert not io.posted  # nothing was opened
     (failed,) = _failures(pushers)
@@ -145,7 +145,7 @@ def test_tensor_parallel_orders_ride_on_the_step_and_every_rank_lets_go_before_t
     worker.handle(TransferEnded("r", 0, "done", DECODE))
     worker.handle(Call("abort", "r", Answers()))
     assert isinstance(ranks.told[-1], DropShard) and io.take(ReleaseSend)
-    worker.handle(SendReleased("r"))
+    worker.handle(Released("r"))
     assert worker.records["r"].phase is Phase.RELEASING  # rank 1 has not let go yet
     ranks.inbox.append(RankAck("r", 1, "DropShard"))
     worker.read_sockets()
@@ -153,6 +153,6 @@ def test_tensor_parallel_orders_ride_on_the_step_and_every_rank_lets_go_before_t
     _prefill(worker, "slow")
     worker.step()
     worker.handle(TransferEnded("slow", 0, "failed", DECODE, "refused"))
-    worker.handle(SendReleased("slow"))
+    worker.handle(Released("slow"))
     worker.check_deadlines(now=time.monotonic() + 0.02)  # rank 1 never acks: freed anyway (logged), decode told
     assert _pool_free(worker) and [f.request_id for f in _failures(pushers)] == ["slow"]
