@@ -114,9 +114,10 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
                   else f"per_round_s {serving.per_round_s * 1e3:.1f} ms")  # fmt: skip
     if not reachable:  # the served TPOT is outside what the search reaches: say so, do not pass a bound as a fit
         loaded_fit += f" (a bound of its search [{low:g}, {high:g}]: the served TPOT lies beyond it)"
+    prompt_fit = "" if prefill_factor is None else \
+        f"prefill_factor {prefill_factor:.3f} (profiled {profiled_prefill * 1e3:.0f} ms), "
     note = (f"{NOTE_START} on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
-            f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), prefill_factor "
-            f"{prefill / profiled_prefill:.3f} (profiled {profiled_prefill * 1e3:.0f} ms), {loaded_fit} (served TPOT "
+            f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), {prompt_fit}{loaded_fit} (served TPOT "
             f"{real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip
     kept = tuple(n for n in profile.notes if not n.startswith(NOTE_START))  # an earlier calibration's note goes
     return dataclasses.replace(profile, serving=serving, notes=(*kept, note))

@@ -16,11 +16,12 @@ Gamma(burstiness, 1 / (rate * burstiness)) (Poisson at burstiness 1) by numpy's 
 with `seed`, summed, then scaled so the last request goes at exactly num_prompts / rate; `request_rate`
 inf sends all at once. vLLM's prefix_repetition dataset draws its prompts' token ids from that same
 generator first (a prefix's tokens, then each of its prompts' suffix tokens, uniform below the tokenizer's
-vocabulary size), so the gaps come after those draws; they are replayed here with `vocab_size` (the
-model's, which is the tokenizer's for SmolLM2 and Llama). Without them the simulated arrivals of 40
-prompts at 1.2/s were others than vLLM's, and the simulated TTFT p90 was 65% above the measured one; with
-them every arrival matches vLLM's to the millisecond. With the same seed (and a vocabulary size equal to
-the tokenizer's) the simulated requests arrive when vLLM's would.
+vocabulary size), so the gaps come after those draws; they are replayed here with `vocab_size`, the
+model's. Without them the simulated arrivals of 40 prompts at 1.2/s were others than vLLM's, and the
+simulated TTFT p90 was 65% above the measured one; with them every arrival matched vLLM's to the
+millisecond (SmolLM2). The replay holds while the model's vocabulary size is the tokenizer's (SmolLM2's
+49,152; not Llama 3's: 128,256 against 128,000) and no prompt re-encodes shorter than asked (vLLM then
+draws more tokens for it); otherwise the arrivals are as random as vLLM's, with other draws.
 `max_concurrency` is the client's: a request also waits for one of that many slots (`planner.sim.run`).
 
 A model's end-of-sequence cannot be simulated: every request generates its whole output length, as

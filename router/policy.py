@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, Protocol, Sequence
 
 from router.policies.cache_aware import CacheAware, CacheAwareConfig
-from router.policies.decode_choice import DecodeByKVRoom
+from router.policies.decode_choice import DecodeByKVRoom, PromptPolicyWithRoom
 from router.policies.least_loaded import LeastLoaded
 from router.policies.round_robin import RoundRobin
 from router.worker_state import WorkerState
@@ -48,8 +48,10 @@ def make_decode_policy(**options) -> RoutingPolicy:
 
 def make_pool_policies(name: str, options: dict, block_size: int, colocated: bool) -> tuple[RoutingPolicy, RoutingPolicy]:
     """The prefill pool's policy (`name` with `options`) and the decode pool's. Colocated, the decode workers
-    compute the prompts, so the prompt's policy chooses them too: prefix affinity saves their prefill (two
-    colocated workers sharing 8 prefixes over 40 prompts: 16 of the 40 were cache misses when chosen by KV
-    room, 8 are unavoidable). Otherwise a prompt's KV arrives whole from prefill: decode by KV room."""
-    decode = make_policy(name, **options) if colocated else make_decode_policy(block_size=block_size)
+    compute the prompts, so the prompt's policy chooses them too, among those with KV room for the prompt:
+    prefix affinity saves their prefill (two colocated workers sharing 8 prefixes over 40 prompts: 16 of
+    the 40 were cache misses when chosen by KV room alone, 8 are unavoidable). Otherwise a prompt's KV
+    arrives whole from prefill: decode by KV room."""
+    room = DecodeByKVRoom(block_size=block_size)
+    decode = PromptPolicyWithRoom(make_policy(name, **options), room) if colocated else room
     return make_policy(name, **options), decode

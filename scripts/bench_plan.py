@@ -143,13 +143,11 @@ def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], sc
 
 
 def read_pass(folder: Path) -> tuple[dict, list[dict]]:
-    """A measured pass's manifest and its rows (layout, workload, seed, real). A folder from before manifests
-    were written holds every layout and workload of this script at scale 1, seeds from 101 in its order."""
+    """A measured pass's manifest and its rows (layout, workload, seed, real)."""
     path = folder / MANIFEST
-    manifest = json.loads(path.read_text()) if path.exists() else {
-        "measured": "unrecorded", "commit": "unrecorded", "scale": 1.0, "chosen_default": "",
-        "layouts": {n: list(f) for n, f in LAYOUTS.items()},
-        "seeds": {w.name: seed for seed, w in enumerate(workloads(), start=101)}}  # fmt: skip
+    if not path.exists():
+        raise SystemExit(f"{folder}: no {MANIFEST}: not a finished pass of this script (its seeds are unknown)")
+    manifest = json.loads(path.read_text())
     rows = []
     for name in manifest["layouts"]:
         for workload in workloads(manifest["scale"]):
@@ -204,7 +202,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scale", type=float, default=1.0, help="prompts per workload, times this")
     p.add_argument("--passes", type=int, default=1, help="measure everything this many times (the machine's noise)")
     p.add_argument("--from", dest="from_", metavar="DIR[,DIR...]",
-                   help="predict the measured results of earlier passes (their folders) instead of measuring")
+                   help="predict the measured results of earlier passes (their folders) instead of measuring: "
+                        "their manifests say the layouts, workloads, seeds and scale (the flags above do not)")
     p.add_argument("--no-reprofile", action="store_true", help="use the cached profiles as they are")
     add_markdown_option(p)
     return p.parse_args(argv)
@@ -212,6 +211,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.passes < 1:
+        raise SystemExit(f"--passes: at least 1, got {args.passes}")
     if args.from_:
         folders = [Path(f) for f in args.from_.split(",")]
     else:

@@ -12,7 +12,9 @@ Rule, over the live decode workers:
    preempting somewhere fuller.
 
 No prefix affinity: the prompt's KV arrives from the prefill worker, so a
-decode worker's prefix cache saves nothing on the way in.
+decode worker's prefix cache saves nothing on the way in. Colocated (no prefill
+pool), decode workers compute their prompts: `PromptPolicyWithRoom` lets the
+prompt's policy choose among the workers rule 1 keeps (`router.policy.make_pool_policies`).
 """
 
 from __future__ import annotations
@@ -32,11 +34,29 @@ class DecodeByKVRoom:
     def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
         if not workers:
             raise ValueError("no worker to pick from")
-        needed = -(-len(tokens) // self.block_size) + self.headroom_blocks
-        roomy = [w for w in workers if w.load is None or w.free_blocks >= needed]
+        roomy = self.with_room(tokens, workers)
         if roomy:
             return min(roomy, key=lambda w: (w.pending, -w.free_blocks))
         return min(workers, key=lambda w: (-w.free_blocks, w.pending))
+
+    def with_room(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> list[WorkerState]:
+        """The workers whose last reported free blocks cover the prompt and the headroom (rule 1)."""
+        needed = -(-len(tokens) // self.block_size) + self.headroom_blocks
+        return [w for w in workers if w.load is None or w.free_blocks >= needed]
+
+
+class PromptPolicyWithRoom:
+    """A colocated decode pool's choice: the prompt's policy (`cache_aware`: where its prefix is cached) among
+    the workers with KV room for it (`DecodeByKVRoom`'s rule 1), among all of them when none has room."""
+
+    def __init__(self, policy, room: DecodeByKVRoom):
+        self.policy, self.room = policy, room
+
+    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
+        return self.policy.pick(tokens, self.room.with_room(tokens, workers) or workers)
+
+    def forget(self, worker_name: str) -> None:
+        self.policy.forget(worker_name)
 
     def forget(self, worker_name: str) -> None:
         pass

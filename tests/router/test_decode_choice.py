@@ -1,7 +1,7 @@
 import pytest
 
 from wire.requests import WorkerLoad
-from router.policy import make_decode_policy
+from router.policy import make_decode_policy, make_pool_policies
 from router.worker_state import WorkerState
 
 
@@ -42,3 +42,13 @@ def test_a_worker_that_has_not_reported_counts_as_having_room():
     assert policy.pick(PROMPT, workers).name == "fresh"
     with pytest.raises(ValueError):
         make_decode_policy(block_size=0)
+
+
+def test_colocated_the_prompts_policy_chooses_among_the_workers_with_room():
+    _, decode = make_pool_policies("cache_aware", {"block_size": 16}, 16, colocated=True)
+    d0, d1 = decode_worker("d0", 900), decode_worker("d1", 900)
+    assert decode.pick(PROMPT, [d0, d1]).name == "d0"  # a new prefix: the first of two empty trees
+    assert decode.pick(PROMPT, [d0, d1]).name == "d0"  # the same prompt again: where its prefix is cached
+    full = decode_worker("d0", 13)  # its cache filled since: 13 free blocks < 10 + 4
+    assert decode.pick(PROMPT, [full, d1]).name == "d1"  # not queued behind a full cache, prefix or not
+    assert decode.pick(PROMPT, [full, decode_worker("d1", 2)]).name == "d0"  # no room anywhere: the policy alone

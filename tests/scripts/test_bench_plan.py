@@ -16,14 +16,10 @@ def _result(value: float) -> dict:
     return {key: value for key in KEYS} | {"completed": 4}
 
 
-def test_a_folder_from_before_manifests_is_read_with_the_scripts_own_seeds(tmp_path):
-    burst, prefixes = bench_plan.workloads()[0], bench_plan.workloads()[2]
-    (tmp_path / bench_plan.result_name("real", "1P+1D", burst)).write_text(json.dumps(_result(10.0)))
-    (tmp_path / bench_plan.result_name("real", "2 colocated x1", prefixes)).write_text(json.dumps(_result(20.0)))
-    manifest, rows = bench_plan.read_pass(tmp_path)
-    assert manifest["commit"] == "unrecorded"
-    assert [(r["layout"], r["workload"], r["seed"], r["real"]["p90_ttft_ms"]) for r in rows] == [
-        ("1P+1D", "burst", 101, 10.0), ("2 colocated x1", "prefixes", 103, 20.0)]  # fmt: skip
+def test_a_folder_without_a_manifest_is_refused_its_seeds_are_unknown(tmp_path):
+    (tmp_path / bench_plan.result_name("real", "1P+1D", bench_plan.workloads()[0])).write_text(json.dumps(_result(1.0)))
+    with pytest.raises(SystemExit, match="no run.json"):
+        bench_plan.read_pass(tmp_path)
 
 
 def test_a_manifest_names_the_layouts_seeds_and_scale_it_measured(tmp_path):
@@ -34,8 +30,9 @@ def test_a_manifest_names_the_layouts_seeds_and_scale_it_measured(tmp_path):
     (tmp_path / bench_plan.result_name("real", "mine", long_outputs)).write_text(json.dumps(_result(5.0)))
     read, rows = bench_plan.read_pass(tmp_path)
     assert read == manifest and [(r["layout"], r["workload"], r["seed"]) for r in rows] == [("mine", "long-outputs", 7)]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / bench_plan.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(SystemExit, match="no measured results"):
-        (tmp_path / "empty").mkdir()
         bench_plan.read_pass(tmp_path / "empty")
 
 
