@@ -44,6 +44,9 @@ class DecodeByKVRoom:
         needed = -(-len(tokens) // self.block_size) + self.headroom_blocks
         return [w for w in workers if w.load is None or w.free_blocks >= needed]
 
+    def forget(self, worker_name: str) -> None:
+        pass
+
 
 class PromptPolicyWithRoom:
     """A colocated decode pool's choice: the prompt's policy (`cache_aware`: where its prefix is cached) among
@@ -57,6 +60,3 @@ class PromptPolicyWithRoom:
 
     def forget(self, worker_name: str) -> None:
         self.policy.forget(worker_name)
-
-    def forget(self, worker_name: str) -> None:
-        pass

@@ -52,3 +52,6 @@ def test_colocated_the_prompts_policy_chooses_among_the_workers_with_room():
     full = decode_worker("d0", 13)  # its cache filled since: 13 free blocks < 10 + 4
     assert decode.pick(PROMPT, [full, d1]).name == "d1"  # not queued behind a full cache, prefix or not
     assert decode.pick(PROMPT, [full, decode_worker("d1", 2)]).name == "d0"  # no room anywhere: the policy alone
+    decode.forget("d1")  # d1 (which took it once) died: only d0 is remembered to hold the prefix
+    assert decode.pick(PROMPT, [decode_worker("d1", 900), decode_worker("d0", 900)]).name == "d0"
+    make_decode_policy().forget("d0")  # KV room remembers nothing
