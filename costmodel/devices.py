@@ -29,9 +29,10 @@ steps, SmolLM2-135M's shape in bf16; benchmarks/profiles/): Tandem's engine runs
 graphs, and a decode step launched 929 kernels and copies for 30 layers (31 a layer), the device busy
 1.7 of its 13-17 ms. The device runs a step's kernels while the host launches the next ones, so the
 host's launches are a floor under the linear layers' term (the longer of the two), not a term added to
-it; the attention and sampling terms still add on top, a small overestimate where the host binds. At 17 us a launch (the fastest steps measured: 16.2 ms for 959), the host
-bounds every model at small batches on these GPUs: an 8B model's 32 layers cost 16.9 ms of launches
-against 6.4 ms of weights on an H100. That published profile predicted the H200's measured steps with
+it; the attention and sampling terms still add on top, a small overestimate where the host binds. At
+17 us a launch (the fastest steps measured: 16.2 ms for 959), the host bounds every model at small
+batches on these GPUs: an 8B model's 32 layers cost 16.9 ms of launches against 6.4 ms of weights on an
+H100. That published profile predicted the H200's measured steps with
 a median error of 11% (p90 43%: steps there took 16-17 ms or 30-32 ms, bimodal, for the same shape);
 with the earlier guess (1 ms + 60 us a layer, added) it was 83%. The efficiency factors of the device's
 own work are guesses still: at this model's size on an H200 no step left the host's floor.

@@ -61,7 +61,6 @@ class KVReceiving(TransferService):
             logger.error("cannot expect the KV of %s: %s", cmd.request_id, err)
             self.report(TransferEnded(cmd.request_id, self.rank, "failed", reason=str(err)))
 
-
     def counters(self) -> dict:
         """The heartbeat's KV figures (read from other threads: plain ints and floats)."""
         stats = self.receiver.stats

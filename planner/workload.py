@@ -104,7 +104,7 @@ class WorkloadSpec:
         else:
             prompts, outputs = self._prefix_repetition(rng, tokens)
         arrivals = vllm_arrival_times(self.seed, len(prompts), self.request_rate, self.burstiness,
-                                      self._global_token_draws(vocab_size))  # fmt: skip
+                                      self._global_token_draws(), vocab_size)  # fmt: skip
         return [SimRequest(a, p, o) for a, p, o in zip(arrivals, prompts, outputs)]
 
     def _random(self, rng, tokens: "_TokenSource"):
@@ -126,15 +126,14 @@ class WorkloadSpec:
         random.Random(self.seed).shuffle(prompts)  # vLLM seeds Python's random with --seed; nothing else draws
         return prompts, [self.prefix_repetition_output_len] * len(prompts)
 
-
-    def _global_token_draws(self, vocab_size: int) -> list[tuple[int, int]]:
-        """(vocabulary size, count) of each token draw vLLM's dataset makes from numpy's global generator before
-        its client draws the gaps, in order: none for random (it has a generator of its own)."""
+    def _global_token_draws(self) -> list[int]:
+        """How many token ids each draw vLLM's dataset makes from numpy's global generator before its client
+        draws the gaps, in order: none for random (it has a generator of its own)."""
         if self.dataset_name != "prefix_repetition":
             return []
         per_group = self.num_prompts // self.prefix_repetition_num_prefixes
         group = [self.prefix_repetition_prefix_len] + [self.prefix_repetition_suffix_len] * per_group
-        return [(vocab_size, n) for n in group * self.prefix_repetition_num_prefixes]
+        return group * self.prefix_repetition_num_prefixes
 
 
 def length_range(length: int, range_ratio: float) -> tuple[int, int]:
@@ -155,15 +154,16 @@ def arrival_gaps(rng: np.random.Generator, num: int, request_rate: float, bursti
 
 
 def vllm_arrival_times(seed: int, num: int, request_rate: float, burstiness: float = 1.0,
-                       drawn_before: Sequence[tuple[int, int]] = ()) -> list[float]:  # fmt: skip
+                       drawn_before: Sequence[int] = (), vocab_size: int = 0) -> list[float]:  # fmt: skip
     """When `vllm bench serve --seed seed` sends each of `num` requests, from its start (see the module doc);
-    `drawn_before`: the (vocabulary size, count) token draws its dataset made from the same generator first."""
+    `drawn_before`: how many token ids (below `vocab_size`) each draw of its dataset took from the same
+    generator first."""
     if burstiness <= 0:
         raise ValueError(f"burstiness must be > 0, got {burstiness}")
     if math.isinf(request_rate):
         return [0.0] * num
     state = np.random.RandomState(seed)  # vLLM seeds numpy's global generator and draws one gap at a time
-    for vocab_size, count in drawn_before:
+    for count in drawn_before:
         state.randint(0, vocab_size, size=count)  # how many bits each draw takes depends on the bound: replay it
     delays = np.cumsum([state.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness)) for _ in range(num)])
     return (delays * (num / request_rate) / delays[-1]).tolist()

@@ -46,7 +46,8 @@ def make_decode_policy(**options) -> RoutingPolicy:
     return DecodeByKVRoom(**options)
 
 
-def make_pool_policies(name: str, options: dict, block_size: int, colocated: bool) -> tuple[RoutingPolicy, RoutingPolicy]:
+def make_pool_policies(name: str, options: dict, block_size: int,
+                       colocated: bool) -> tuple[RoutingPolicy, RoutingPolicy]:
     """The prefill pool's policy (`name` with `options`) and the decode pool's. Colocated, the decode workers
     compute the prompts, so the prompt's policy chooses them too, among those with KV room for the prompt:
     prefix affinity saves their prefill (two colocated workers sharing 8 prefixes over 40 prompts: 16 of

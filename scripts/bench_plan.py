@@ -98,6 +98,10 @@ def error(pred: float, real: float) -> float:
     return pred / real - 1 if real else float("nan")
 
 
+def abs_errors(rows: list[dict], key: str) -> list[float]:
+    return [abs(error(r["pred"][key], r["real"][key])) for r in rows]
+
+
 def table(rows: list[dict]) -> str:
     head = "| layout | workload | " + " | ".join(f"{label} pred / real (err)" for _, label in METRICS) + " |"
     lines = [head, "|---|---|" + "---|" * len(METRICS)]
@@ -111,7 +115,7 @@ def table(rows: list[dict]) -> str:
 def summary(rows: list[dict]) -> str:
     lines = ["| metric | median abs error | worst | runs within 10% / 25% |", "|---|---|---|---|"]
     for key, label in METRICS:
-        errors = [abs(error(r["pred"][key], r["real"][key])) for r in rows]
+        errors = abs_errors(rows, key)
         within = f"{sum(e <= 0.10 for e in errors)} / {sum(e <= 0.25 for e in errors)} of {len(errors)}"
         lines.append(f"| {label} | {statistics.median(errors):.0%} | {max(errors):.0%} | {within} |")
     return "\n".join(lines)
@@ -133,7 +137,8 @@ def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], sc
         log = work / f"serve-{i}.log"
         with tandem_serve(None, log, flags=flags) as url:
             for workload in chosen:
-                real = measured(url, tokenizer, workload, seeds[workload.name], work / result_name("real", name, workload))
+                out = work / result_name("real", name, workload)
+                real = measured(url, tokenizer, workload, seeds[workload.name], out)
                 print(f"measured {name} / {workload.name}: {real['completed']} completed", flush=True)
         chosen_default = chosen_layout(log) if name == "default" else chosen_default
     manifest = {"measured": f"{started:%Y-%m-%d %H:%M}", "commit": git_commit(), "scale": scale,
@@ -165,7 +170,8 @@ def predict_pass(folder: Path, manifest: dict, rows: list[dict]) -> None:
     by_name = {w.name: w for w in workloads(manifest["scale"])}
     for r in rows:
         layout = tuple(manifest["layouts"][r["layout"]])
-        r["pred"] = predicted(layout, by_name[r["workload"]], r["seed"], folder / result_name("pred", r["layout"], by_name[r["workload"]]))
+        workload = by_name[r["workload"]]
+        r["pred"] = predicted(layout, workload, r["seed"], folder / result_name("pred", r["layout"], workload))
 
 
 def result_name(kind: str, layout: str, workload: Workload) -> str:
@@ -179,7 +185,7 @@ def over_passes(passes: list[list[dict]]) -> str:
     lines = ["| metric | median abs error, pass by pass | median of the passes' medians | worst of any pass | "
              "measured spread between passes: median, largest |", "|---|---|---|---|---|"]  # fmt: skip
     for key, label in METRICS:
-        errors = [[abs(error(r["pred"][key], r["real"][key])) for r in rows] for rows in passes]
+        errors = [abs_errors(rows, key) for rows in passes]
         medians = [statistics.median(e) for e in errors]
         spreads = _spreads(passes, key)
         lines.append(f"| {label} | {' / '.join(f'{m:.0%}' for m in medians)} | {statistics.median(medians):.0%} | "
@@ -225,23 +231,25 @@ def main(argv=None) -> None:
             reprofile(sorted({int(f[f.index("--torch-threads") + 1]) if "--torch-threads" in f else os.cpu_count()
                               for f in layouts.values()}))  # fmt: skip
         folders = [measure_pass(layouts, chosen, args.scale, tokenizer) for _ in range(args.passes)]
-    passes, texts = [], []
+    passes, texts, manifest = [], [], {}
     for folder in folders:
         manifest, rows = read_pass(folder)
         predict_pass(folder, manifest, rows)
         passes.append(rows)
         texts.append(f"Pass {len(passes)}: measured {manifest['measured']} (commit {manifest['commit']}), results "
                      f"{folder}\n\n{table(rows)}\n\n{summary(rows)}")  # fmt: skip
-    text = "\n\n".join(texts) + (f"\n\nOver the {len(passes)} passes:\n\n{over_passes(passes)}" if len(passes) > 1 else "")
+    if len(passes) > 1:
+        texts.append(f"Over the {len(passes)} passes:\n\n{over_passes(passes)}")
+    text = "\n\n".join(texts)
     print(text)
     if args.markdown:
-        record = run_text("bench_plan.py", sys.argv[1:], machine_line(), details(read_pass(folders[-1])[0]), text)
+        record = run_text("bench_plan.py", sys.argv[1:], machine_line(), details(manifest), text)
         record_run(args.markdown, "bench_plan.py", record)
 
 
 def details(manifest: dict) -> str:
     chosen_default = manifest["chosen_default"]
-    layouts = "; ".join(f"`{n}`: `tandem serve {' '.join(f)}`".replace(" `", " `", 1) for n, f in manifest["layouts"].items())
+    layouts = "; ".join(f"`{n}`: `tandem serve {' '.join(f)}`" for n, f in manifest["layouts"].items())
     chosen = [w for w in workloads(manifest["scale"]) if w.name in manifest["seeds"]]
     return ("Layouts: " + layouts + (f" (the default here: {chosen_default})" if chosen_default else "")
             + ". Workloads (`vllm bench serve` flags, with `--ignore-eos`; the same flags to `tandem simulate`):\n"

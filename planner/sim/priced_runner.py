@@ -52,8 +52,8 @@ class PricedRunner:
         return PricedBatch(shape_of(scheduled), sum(1 for s in scheduled if s.samples), prompt_tokens)
 
     def execute(self, batch: PricedBatch, attachment: bytes = b"", layer_done=None) -> SamplerOutput:
-        prompt_share = batch.prompt_tokens / max(batch.shape.tokens, 1)
-        seconds = self.profile.step_seconds(batch.shape) * self.profile.serving.factor_for(self.others_busy(), prompt_share)
+        factor = self.profile.serving.factor_for(self.others_busy(), batch.prompt_tokens / max(batch.shape.tokens, 1))
+        seconds = self.profile.step_seconds(batch.shape) * factor
         self.clock.now += seconds
         self.steps += 1
         self.busy_s += seconds

@@ -3,9 +3,9 @@ handoff of `router.dispatch` / `router.handoff` replayed on simulated time.
 
     arrival (+ request_s: HTTP, tokenize)
       admit: max_in_flight sequences, else refused (429); the TTFT prediction, else refused (429)
-      route: decode by `registry.pick_decode` (by the prompt's policy when colocated), prefill by `router.local_prefill.choose_prefill` (none: colocated,
-             or decode prefills it itself); the counts it holds on them kept by `router.attempt.Attempt`,
-             as the real dispatcher keeps them
+      route: decode by `registry.pick_decode` (by the prompt's policy when colocated), prefill by
+             `router.local_prefill.choose_prefill` (none: colocated, or decode prefills it itself); the counts
+             it holds on them kept by `router.attempt.Attempt`, as the real dispatcher keeps them
       reserve on decode (a hop each way); refused while full: again every `reserve_retry_s` until
              `reserve_wait_s`, then the request fails; prefill_locally: prefill's part is over at once
       PrefillTask to the prefill worker (a hop)
