@@ -84,16 +84,22 @@ def add_workload_flags(p) -> None:
 
 def workload_of(args: argparse.Namespace, vocab_size: int):
     from planner.trace import read_trace
-    from planner.workload import WorkloadSpec
 
     if args.trace:
         return read_trace(args.trace, vocab_size=vocab_size, seed=args.seed), ()
-    spec = WorkloadSpec(args.dataset_name, args.num_prompts, args.random_input_len, args.random_output_len,
+    spec = workload_spec(args)
+    return spec.requests(vocab_size), spec.caveats
+
+
+def workload_spec(args: argparse.Namespace):
+    """The workload flags (vllm bench serve's) as a `planner.workload.WorkloadSpec`."""
+    from planner.workload import WorkloadSpec
+
+    return WorkloadSpec(args.dataset_name, args.num_prompts, args.random_input_len, args.random_output_len,
                         args.random_range_ratio, args.random_prefix_len, args.prefix_repetition_prefix_len,
                         args.prefix_repetition_suffix_len, args.prefix_repetition_num_prefixes,
                         args.prefix_repetition_output_len, args.request_rate, args.burstiness, args.max_concurrency,
                         args.seed, args.ignore_eos)  # fmt: skip
-    return spec.requests(vocab_size), spec.caveats
 
 
 def metric_options(args: argparse.Namespace) -> tuple[dict, list[str], list[float]]:

@@ -15,7 +15,7 @@ import math
 import sys
 
 from cluster.cli import add_spec_flags, spec_from_args
-from cluster.plan_cli import add_workload_flags, progress, published, workload_of
+from cluster.plan_cli import add_workload_flags, progress, published, workload_of, workload_spec
 
 
 def add_plan_parser(sub) -> None:
@@ -134,8 +134,11 @@ def plot_plan(plan, kinds, args: argparse.Namespace, slo) -> None:
     rates = ([float(r) for r in args.plot_rates.split(",")] if args.plot_rates
              else [base * f for f in (0.25, 0.5, 1, 2, 4)])  # fmt: skip
 
+    vocab_size = kinds[0].profile.model.vocab_size
+    draws = () if args.trace else workload_spec(args).global_token_draws()  # as vLLM's client at each rate
+
     def requests_at(rate: float):
-        times = vllm_arrival_times(args.seed, len(requests), rate, args.burstiness)
+        times = vllm_arrival_times(args.seed, len(requests), rate, args.burstiness, draws, vocab_size)
         return [SimRequest(t, r.prompt, r.output_len) for r, t in zip(sorted(requests, key=lambda r: r.arrival_s), times)]
 
     best_of = {}

@@ -104,7 +104,7 @@ class WorkloadSpec:
         else:
             prompts, outputs = self._prefix_repetition(rng, tokens)
         arrivals = vllm_arrival_times(self.seed, len(prompts), self.request_rate, self.burstiness,
-                                      self._global_token_draws(), vocab_size)  # fmt: skip
+                                      self.global_token_draws(), vocab_size)  # fmt: skip
         return [SimRequest(a, p, o) for a, p, o in zip(arrivals, prompts, outputs)]
 
     def _random(self, rng, tokens: "_TokenSource"):
@@ -126,7 +126,7 @@ class WorkloadSpec:
         random.Random(self.seed).shuffle(prompts)  # vLLM seeds Python's random with --seed; nothing else draws
         return prompts, [self.prefix_repetition_output_len] * len(prompts)
 
-    def _global_token_draws(self) -> list[int]:
+    def global_token_draws(self) -> list[int]:
         """How many token ids each draw vLLM's dataset makes from numpy's global generator before its client
         draws the gaps, in order: none for random (it has a generator of its own)."""
         if self.dataset_name != "prefix_repetition":
