@@ -10,14 +10,16 @@ drives it twice:
             left of it after the prefill the worker measured and the arrival window (`request_s`); that
             prefill against the profile's price of its step gives `prefill_factor` (prompt tokens are
             compute-bound: the factor for them is not the decode steps'); with several workers, its TPOT
-            against the simulator's gives `alone_step_factor` (the others idle);
+            against the simulator's gives `per_round_s`, serving's own time around each step (its I/O
+            thread, the router on the same cores), with no neighbour contending (`alone_step_factor` 1.0);
   loaded    Poisson arrivals at about half the pool's capacity: its mean TPOT against the simulator's on the
             same requests gives, with several workers, `step_factor` (the served step over the profiled one
             while the host's other workers step too: they contend for its cores and memory), and with one
-            worker `per_round_s`, serving's own time around each step (its I/O thread, the router on the same
-            cores): a time per step, not a share of it. Against the four real loads of bench_plan's run of
-            2026-11-26 17:52, a factor on the lone worker's every step (1.40) over-predicted TPOT p50 by
-            10-69%, an added 6 ms a step missed by 6% at most. Either is found by bisection on the simulation.
+            worker `per_round_s`. Serving's overhead is a time per step, not a share of it: against the four
+            real loads of bench_plan's run of 2026-11-26 17:52, a factor on the lone worker's every step
+            (1.40) over-predicted TPOT p50 by 10-69%, an added 6 ms a step missed by 6% at most; with several
+            workers, a factor fitted one request at a time (1.30) over-predicted the TPOT of batches of 12 by
+            16-28% (2026-11-26 19:56-20:47). Each value is found by bisection on the simulation.
 
 About a minute and a half on 2 cores, besides the deployment's start.
 """
@@ -93,16 +95,19 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
     serving = dataclasses.replace(serving, request_s=request_s, step_factor=1.0, alone_step_factor=None,
                                   prefill_factor=prefill_factor)  # fmt: skip
     alone = ""
-    if replicas > 1:
+    if replicas > 1:  # serving's own time around each step, measured where no neighbour contends
         idle_tpot = _mean_tpot(idle)
-        one_at_a_time = [SimRequest(i * 1000.0, tuple(_prompt(IDLE_PROMPT, i)), IDLE_OUTPUT) for i in range(len(idle))]
-        predicted = _simulated_tpot(dataclasses.replace(profile, serving=serving), replicas, one_at_a_time)
-        serving = dataclasses.replace(serving, alone_step_factor=idle_tpot / predicted)
-        alone = f", alone_step_factor {serving.alone_step_factor:.3f} (served TPOT {idle_tpot * 1e3:.1f} ms idle)"
+        serving = dataclasses.replace(serving, alone_step_factor=1.0)
+
+        def alone_tpot(per_round_s: float) -> float:
+            trial = dataclasses.replace(profile, serving=dataclasses.replace(serving, per_round_s=per_round_s))
+            return _simulated_tpot(trial, replicas, _one_at_a_time(len(idle)))
+
+        serving = dataclasses.replace(serving, per_round_s=_solved(alone_tpot, idle_tpot, 0.0, 0.1))
+        alone = f", per_round_s {serving.per_round_s * 1e3:.1f} ms (served TPOT {idle_tpot * 1e3:.1f} ms idle)"
     real_tpot = _mean_tpot(loaded)
     # Several workers contend for the host: a share of every step. One worker: serving's own time per step.
-    name, low, high = ("step_factor", serving.alone_step_factor or 1.0, 8.0) if replicas > 1 else \
-        ("per_round_s", 0.0, 0.1)
+    name, low, high = ("step_factor", 1.0, 8.0) if replicas > 1 else ("per_round_s", 0.0, 0.1)
 
     def simulated(value: float) -> float:
         trial = dataclasses.replace(serving, **{name: value})
@@ -154,6 +159,11 @@ def _load(profile: Profile, replicas: int) -> list[SimRequest]:
         StepShape.decode(4, prompt + output // 2)) / 4  # fmt: skip
     rate = 0.5 * replicas / per_request
     return WorkloadSpec(request_rate=rate, **LOAD).requests(profile.model.vocab_size)
+
+
+def _one_at_a_time(count: int) -> list[SimRequest]:
+    """The idle phase's requests as the simulator takes them: far enough apart that none meets another."""
+    return [SimRequest(i * 1000.0, tuple(_prompt(IDLE_PROMPT, i)), IDLE_OUTPUT) for i in range(count)]
 
 
 def _prompt(n: int, seed: int) -> list[int]:

@@ -10,10 +10,11 @@ A step's price is multiplied by how much slower the engine's steps run inside a 
 share the host with the router, Ray's daemons, the worker's own I/O thread and the host's other workers:
 
   step_factor        while the host's other workers step too (all of them; 10-25% slower than profiled
-                     on the 2-core machines); 1.0 for a kind calibrated as the one worker of its host,
-                     whose served overhead is time per step (`per_round_s`, calibrated under load)
-  alone_step_factor  while none of the host's other workers has work, or it has none: measured one
-                     request at a time (None: not measured, `step_factor` throughout)
+                     on the 2-core machines); 1.0 for a kind calibrated as the one worker of its host
+  alone_step_factor  while none of the host's other workers has work, or it has none (None: not
+                     measured, `step_factor` throughout); a calibration makes it 1.0 and measures the
+                     time serving adds around each step instead (`per_round_s`: the overhead is a time per
+                     step, not a share of it)
 
 Between the two, the factor moves with the share of the other workers that have work (`factor_at`): on 2
 cores, a decode worker whose neighbour prefilled now and then served its steps 13% faster than two

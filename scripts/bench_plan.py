@@ -4,9 +4,11 @@ of the same argument string.
 For each layout (flags of `tandem serve`) the script starts the real deployment (`tandem serve`, embedded
 local Ray, one at a time), drives it with vLLM's own load generator on each workload (vLLM's flags; a seed
 of its own per workload, so no run finds another's prompts in the prefix cache), then runs
-`tandem simulate` with the same layout and workload flags on the profiles of this machine, measured at
-the script's start with serving's costs (`tandem profile --refresh --serving`), and compares the keys
-both write:
+`tandem simulate` with the same layout and workload flags on the profile of this machine's workers for
+that layout, and compares the keys both write. The step costs are measured at the script's start
+(`tandem profile --refresh`), serving's costs for each layout's workers just before the layout is measured
+(`tandem profile --serving`, kept in the pass's folder): this VM drifts by 10-40% within an hour, and a
+calibration an hour old measures the drift as much as the model.
 
     TTFT p50 / p90, TPOT p50 / p90, output throughput: predicted, measured, error = predicted / measured - 1
 
@@ -20,7 +22,8 @@ prefixes, long outputs.
 
 Each pass measures every layout under every workload (the same seeds each pass: the same prompts and
 arrivals, so what moves between passes is the machine); its folder keeps the measured results and a
-manifest, so `--from` predicts them again after the model changed, without a server.
+manifest and the profiles it calibrated, so `--from` predicts them again after the model changed, without a
+server (`--cached-profiles`: on the profiles cached now, for a model change that needs a new calibration).
 """
 
 from __future__ import annotations
@@ -85,9 +88,10 @@ def measured(url: str, tokenizer: str, workload: Workload, seed: int, out: Path)
     return vllm_bench(url, tokenizer, (*workload.flags, *COMMON), seed, out, workload.name)
 
 
-def predicted(layout: tuple[str, ...], workload: Workload, seed: int, out: Path) -> dict:
+def predicted(layout: tuple[str, ...], workload: Workload, seed: int, out: Path, profile: Path | None) -> dict:
+    """`tandem simulate` of the row, on `profile` (None: this machine's cached profiles)."""
     cmd = [sys.executable, "-m", "cluster.cli", "simulate", *layout, *workload.flags, *COMMON, "--seed", str(seed),
-           "--result-json", str(out)]  # fmt: skip
+           "--result-json", str(out), *(["--profile", str(profile)] if profile else [])]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"tandem simulate failed on {workload.name}: {done.stderr[-2000:]}")
@@ -122,27 +126,45 @@ def summary(rows: list[dict]) -> str:
 
 
 def reprofile(threads: list[int]) -> None:
-    """This machine's profiles measured again now, serving's costs with them (`tandem profile --serving`)."""
+    """This machine's step costs measured again now (`tandem profile --refresh`), for each thread count."""
     for t in threads:
-        subprocess.run([sys.executable, "-m", "cluster.cli", "profile", "--refresh", "--serving", "--torch-threads",
-                        str(t)], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+        subprocess.run([sys.executable, "-m", "cluster.cli", "profile", "--refresh", "--torch-threads", str(t)],
+                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
 
 
-def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], scale: float, tokenizer: str) -> Path:
-    """Every layout under every workload, measured now; the folder of their results, with its manifest."""
+def calibrate(flags: tuple[str, ...], out: Path) -> None:
+    """The profile of a layout's workers with serving's costs measured now, just before the layout is
+    (`tandem profile --serving`, written to `out`): the machine drifts by 10-40% within an hour, so a
+    prediction priced by a calibration of an hour before measures the drift as much as the model."""
+    subprocess.run([sys.executable, "-m", "cluster.cli", "profile", "--serving", "--torch-threads",
+                    str(layout_threads(flags)), "-o", str(out)], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+
+
+def layout_threads(flags: tuple[str, ...]) -> int:
+    return int(flags[flags.index("--torch-threads") + 1]) if "--torch-threads" in flags else os.cpu_count()
+
+
+def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], scale: float, tokenizer: str,
+                 calibrated: bool) -> Path:  # fmt: skip
+    """Every layout under every workload, measured now (each layout's profile calibrated just before it when
+    `calibrated`); the folder of their results, with its manifest."""
     work, started = Path(tempfile.mkdtemp(prefix="bench-plan-")), datetime.datetime.now()
     seeds = {w.name: seed for seed, w in enumerate(chosen, start=101)}
-    chosen_default = ""
+    chosen_default, profiles = "", {}
     for i, (name, flags) in enumerate(layouts.items()):
+        if calibrated:
+            profiles[name] = result_name("profile", name)
+            calibrate(flags, work / profiles[name])
         log = work / f"serve-{i}.log"
         with tandem_serve(None, log, flags=flags) as url:
             for workload in chosen:
-                out = work / result_name("real", name, workload)
+                out = work / result_name("real", name, workload.name)
                 real = measured(url, tokenizer, workload, seeds[workload.name], out)
                 print(f"measured {name} / {workload.name}: {real['completed']} completed", flush=True)
         chosen_default = chosen_layout(log) if name == "default" else chosen_default
     manifest = {"measured": f"{started:%Y-%m-%d %H:%M}", "commit": git_commit(), "scale": scale,
-                "layouts": {n: list(f) for n, f in layouts.items()}, "seeds": seeds, "chosen_default": chosen_default}
+                "layouts": {n: list(f) for n, f in layouts.items()}, "seeds": seeds, "chosen_default": chosen_default,
+                "profiles": profiles}  # fmt: skip
     (work / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return work
 
@@ -156,7 +178,7 @@ def read_pass(folder: Path) -> tuple[dict, list[dict]]:
     rows = []
     for name in manifest["layouts"]:
         for workload in workloads(manifest["scale"]):
-            real = folder / result_name("real", name, workload)
+            real = folder / result_name("real", name, workload.name)
             if workload.name in manifest["seeds"] and real.exists():
                 rows.append({"layout": name, "workload": workload.name, "seed": manifest["seeds"][workload.name],
                              "real": json.loads(real.read_text())})  # fmt: skip
@@ -165,17 +187,25 @@ def read_pass(folder: Path) -> tuple[dict, list[dict]]:
     return manifest, rows
 
 
-def predict_pass(folder: Path, manifest: dict, rows: list[dict]) -> None:
-    """Each row's prediction, made now with the profiles cached now (written beside the measured result)."""
+def predict_pass(folder: Path, manifest: dict, rows: list[dict], cached_profiles: bool) -> None:
+    """Each row's prediction, made now (written beside the measured result), on `pass_profile`."""
     by_name = {w.name: w for w in workloads(manifest["scale"])}
     for r in rows:
         layout = tuple(manifest["layouts"][r["layout"]])
         workload = by_name[r["workload"]]
-        r["pred"] = predicted(layout, workload, r["seed"], folder / result_name("pred", r["layout"], workload))
+        r["pred"] = predicted(layout, workload, r["seed"], folder / result_name("pred", r["layout"], workload.name),
+                              pass_profile(folder, manifest, r["layout"], cached_profiles))  # fmt: skip
 
 
-def result_name(kind: str, layout: str, workload: Workload) -> str:
-    return f"{kind}-{layout}-{workload.name}.json".replace(" ", "_")
+def pass_profile(folder: Path, manifest: dict, layout: str, cached_profiles: bool) -> Path | None:
+    """The profile the pass calibrated for `layout`; None (the profiles cached now) with `cached_profiles`, or
+    for a pass that calibrated none."""
+    name = None if cached_profiles else manifest.get("profiles", {}).get(layout)
+    return folder / name if name else None
+
+
+def result_name(kind: str, layout: str, workload: str = "") -> str:
+    return f"{kind}-{layout}{'-' + workload if workload else ''}.json".replace(" ", "_")
 
 
 def over_passes(passes: list[list[dict]]) -> str:
@@ -210,7 +240,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--from", dest="from_", metavar="DIR[,DIR...]",
                    help="predict the measured results of earlier passes (their folders) instead of measuring: "
                         "their manifests say the layouts, workloads, seeds and scale (the flags above do not)")
-    p.add_argument("--no-reprofile", action="store_true", help="use the cached profiles as they are")
+    p.add_argument("--no-reprofile", action="store_true",
+                   help="measure no profile: predict with the profiles cached now (by default the step costs are "
+                        "measured at the start and each layout's serving costs just before it is measured)")
+    p.add_argument("--cached-profiles", action="store_true",
+                   help="with --from: predict with the profiles cached now, not those each pass calibrated")
     add_markdown_option(p)
     return p.parse_args(argv)
 
@@ -228,13 +262,13 @@ def main(argv=None) -> None:
         chosen = [w for w in workloads(args.scale) if w.name in args.workloads.split(",")]
         layouts = {name: LAYOUTS[name] for name in args.layouts.split(",")}
         if not args.no_reprofile:
-            reprofile(sorted({int(f[f.index("--torch-threads") + 1]) if "--torch-threads" in f else os.cpu_count()
-                              for f in layouts.values()}))  # fmt: skip
-        folders = [measure_pass(layouts, chosen, args.scale, tokenizer) for _ in range(args.passes)]
+            reprofile(sorted({layout_threads(f) for f in layouts.values()}))
+        folders = [measure_pass(layouts, chosen, args.scale, tokenizer, not args.no_reprofile)
+                   for _ in range(args.passes)]  # fmt: skip
     passes, texts, manifest = [], [], {}
     for folder in folders:
         manifest, rows = read_pass(folder)
-        predict_pass(folder, manifest, rows)
+        predict_pass(folder, manifest, rows, args.cached_profiles)
         passes.append(rows)
         texts.append(f"Pass {len(passes)}: measured {manifest['measured']} (commit {manifest['commit']}), results "
                      f"{folder}\n\n{table(rows)}\n\n{summary(rows)}")  # fmt: skip
@@ -255,8 +289,9 @@ def details(manifest: dict) -> str:
             + ". Workloads (`vllm bench serve` flags, with `--ignore-eos`; the same flags to `tandem simulate`):\n"
             + "\n".join(f"- `{w.name}`: {w.description}: `{' '.join(w.flags)}`" for w in chosen)
             + "\n\nerror = predicted / measured - 1; the target: median |error| <= 10% on every metric, none "
-            "worse than 25%. Predictions are made when the script runs, from the profiles cached then; measured "
-            "results are each pass's own.")  # fmt: skip
+            "worse than 25%. Predictions are made when the script runs, each on the profile its pass calibrated for "
+            "the layout just before measuring it (with --cached-profiles, or for a pass that calibrated none: the "
+            "profiles cached then).")  # fmt: skip
 
 
 if __name__ == "__main__":

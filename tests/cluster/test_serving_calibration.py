@@ -41,11 +41,13 @@ def test_one_worker_is_fitted_a_time_per_step_that_reproduces_its_served_tpot():
     assert [n for n in again.notes if n.startswith("serving calibrated")] == [again.notes[-1]]  # the latest only
 
 
-def test_several_workers_are_fitted_a_factor_alone_and_one_beside_busy_neighbours():
+def test_several_workers_are_fitted_a_time_per_step_alone_and_a_factor_beside_busy_neighbours():
     profile = _profile()
-    idle, requests, loaded = _outcomes(profile, 2, 0.011, 0.05)  # alone: as profiled (10 ms + 1 ms a token)
+    idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)  # alone: 4 ms a step over the profiled 11 ms
     fitted = calibration._fitted(profile, 2, idle, requests, loaded).serving
-    assert fitted.per_round_s == profile.serving.per_round_s
-    assert fitted.alone_step_factor == pytest.approx(1.0, abs=0.05) and fitted.step_factor > 1.2
-    simulated = calibration._simulated_tpot(dataclasses.replace(profile, serving=fitted), 2, requests)
+    assert fitted.alone_step_factor == 1.0 and fitted.per_round_s == pytest.approx(0.004, abs=0.0005)
+    assert fitted.step_factor > 1.2
+    fitted_profile = dataclasses.replace(profile, serving=fitted)
+    assert calibration._simulated_tpot(fitted_profile, 2, calibration._one_at_a_time(len(idle))) == pytest.approx(0.015, rel=0.02)
+    simulated = calibration._simulated_tpot(fitted_profile, 2, requests)
     assert simulated == pytest.approx(0.05, rel=0.05)  # steep there: slower steps overlap more and queue more

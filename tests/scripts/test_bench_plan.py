@@ -17,7 +17,7 @@ def _result(value: float) -> dict:
 
 
 def test_a_folder_without_a_manifest_is_refused_its_seeds_are_unknown(tmp_path):
-    (tmp_path / bench_plan.result_name("real", "1P+1D", bench_plan.workloads()[0])).write_text(json.dumps(_result(1.0)))
+    (tmp_path / bench_plan.result_name("real", "1P+1D", "burst")).write_text(json.dumps(_result(1.0)))
     with pytest.raises(SystemExit, match="no run.json"):
         bench_plan.read_pass(tmp_path)
 
@@ -27,13 +27,21 @@ def test_a_manifest_names_the_layouts_seeds_and_scale_it_measured(tmp_path):
     manifest = {"measured": "2026-11-26 20:00", "commit": "abc", "scale": 0.5, "chosen_default": "",
                 "layouts": {"mine": ["--num-decode", "3"]}, "seeds": {"long-outputs": 7}}  # fmt: skip
     (tmp_path / bench_plan.MANIFEST).write_text(json.dumps(manifest))
-    (tmp_path / bench_plan.result_name("real", "mine", long_outputs)).write_text(json.dumps(_result(5.0)))
+    (tmp_path / bench_plan.result_name("real", "mine", long_outputs.name)).write_text(json.dumps(_result(5.0)))
     read, rows = bench_plan.read_pass(tmp_path)
     assert read == manifest and [(r["layout"], r["workload"], r["seed"]) for r in rows] == [("mine", "long-outputs", 7)]
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / bench_plan.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(SystemExit, match="no measured results"):
         bench_plan.read_pass(tmp_path / "empty")
+
+
+def test_a_row_is_predicted_on_the_profile_its_pass_calibrated_for_its_layout(tmp_path):
+    manifest = {"profiles": {"2 colocated x1": bench_plan.result_name("profile", "2 colocated x1")}}
+    assert bench_plan.pass_profile(tmp_path, manifest, "2 colocated x1", False) == tmp_path / "profile-2_colocated_x1.json"
+    assert bench_plan.pass_profile(tmp_path, manifest, "2 colocated x1", True) is None  # --cached-profiles
+    assert bench_plan.pass_profile(tmp_path, manifest, "default", False) is None  # calibrated none for it
+    assert bench_plan.pass_profile(tmp_path, {}, "default", False) is None  # a pass from before calibrations
 
 
 def test_over_passes_gives_each_passes_median_their_median_and_the_worst():
