@@ -8,10 +8,10 @@ its simulator runs Tandem's own scheduler on the time it predicts.
 from costmodel.devices import DEVICES, DeviceFigures, device_figures, published_profile
 from costmodel.model_dims import ModelDims
 from costmodel.profile import FitReport, Profile
-from costmodel.serving_cost import ServingCost
+from costmodel.serving_cost import Neighbours, ServingCost
 from costmodel.step_cost import StepCost
 from costmodel.step_shape import StepShape, chunk_attention_pairs
 from costmodel.transfer_cost import TransferCost
 
-__all__ = ["DEVICES", "DeviceFigures", "FitReport", "ModelDims", "Profile", "ServingCost", "StepCost", "StepShape",
-           "TransferCost", "chunk_attention_pairs", "device_figures", "published_profile"]
+__all__ = ["DEVICES", "DeviceFigures", "FitReport", "ModelDims", "Neighbours", "Profile", "ServingCost", "StepCost",
+           "StepShape", "TransferCost", "chunk_attention_pairs", "device_figures", "published_profile"]

@@ -16,9 +16,13 @@ share the host with the router, Ray's daemons, the worker's own I/O thread and t
                      time serving adds around each step instead (`per_round_s`: the overhead is a time per
                      step, not a share of it)
 
-Between the two, the factor moves with the share of the other workers that have work (`factor_at`): on 2
-cores, a decode worker whose neighbour prefilled now and then served its steps 13% faster than two
-neighbours decoding side by side (TPOT 34 against 39 ms, smaller batches than its own).
+Between the two, the factor moves with the share of the other workers that decode (`factor_at`, of
+`Neighbours.decoding`: decode and colocated workers with work): decode steps are memory-bound and contend
+for memory bandwidth with each other, while a prefill worker's compute-bound steps barely slow them. On 2
+cores (AMD EPYC, 1 thread a worker, 2026-11-26 23:25-00:08), a decode worker beside a prefill worker busy
+~90% of the time served TPOT 42-43 ms where the factor of two colocated workers decoding side by side
+(1.26) predicted 58-59; counting only decoding neighbours, 1P+1D's TPOT p50 error over three passes of
+bench_plan went from -6..+40% to -17..+18%.
 
   prefill_factor     the same for a step's prompt tokens: measured on the idle requests' prefill (None:
                      the step factors for every token). Prompt tokens are compute-bound and barely feel
@@ -34,6 +38,14 @@ with five decode rows is served as a prompt, a decode batch as decode.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """What a host's other workers do while a step runs: the share of them with work, and of them decoding."""
+
+    busy: float
+    decoding: float
 
 
 @dataclass(frozen=True)
@@ -61,10 +73,12 @@ class ServingCost:
             return self.alone_step_factor
         return self.alone_step_factor + (self.step_factor - self.alone_step_factor) * others_busy
 
-    def factor_for(self, others_busy: float | None, prompt_share: float) -> float:
+    def factor_for(self, neighbours: "Neighbours | None", prompt_share: float) -> float:
         """The served step over the profiled one for a step whose tokens are `prompt_share` (0 to 1) prompt
-        tokens, the rest decode rows, while `others_busy` of the host's other workers have work."""
-        decode = self.factor_at(others_busy)
+        tokens, the rest decode rows, beside `neighbours` (None: alone on its host): prompt tokens at their
+        own factor, decode rows slowed by the neighbours that decode (memory-bound steps contend for memory
+        bandwidth; a neighbour's prompt barely slows them)."""
+        decode = self.factor_at(None if neighbours is None else neighbours.decoding)
         if self.prefill_factor is None:
             return decode
         return prompt_share * self.prefill_factor + (1.0 - prompt_share) * decode

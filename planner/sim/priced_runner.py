@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from costmodel import Profile, StepShape
+from costmodel import Neighbours, Profile, StepShape
 from engine.sampler import SamplerOutput
 from engine.scheduler import ScheduledRequest
 from planner.step_shapes import shape_of
@@ -36,14 +36,13 @@ class PricedBatch:
 
 
 class PricedRunner:
-    """`others_busy` says, when a step starts, what share of the host's other workers have work (None: alone
-    on its host): the served step's factor follows it and the step's share of prompt tokens
-    (`ServingCost.factor_for`)."""
+    """`neighbours` says, when a step starts, what the host's other workers do (None: alone on its host): the
+    served step's factor follows it and the step's share of prompt tokens (`ServingCost.factor_for`)."""
 
     def __init__(self, profile: Profile, num_blocks: int, clock: SimClock, token_id: int,
-                 others_busy: Callable[[], float | None] = lambda: None):  # fmt: skip
+                 neighbours: Callable[[], Neighbours | None] = lambda: None):  # fmt: skip
         self.profile, self.num_blocks, self.clock, self.token_id = profile, num_blocks, clock, token_id
-        self.others_busy = others_busy
+        self.neighbours = neighbours
         self.steps = 0
         self.busy_s = 0.0
 
@@ -52,7 +51,7 @@ class PricedRunner:
         return PricedBatch(shape_of(scheduled), sum(1 for s in scheduled if s.samples), prompt_tokens)
 
     def execute(self, batch: PricedBatch, attachment: bytes = b"", layer_done=None) -> SamplerOutput:
-        factor = self.profile.serving.factor_for(self.others_busy(), batch.prompt_tokens / max(batch.shape.tokens, 1))
+        factor = self.profile.serving.factor_for(self.neighbours(), batch.prompt_tokens / max(batch.shape.tokens, 1))
         seconds = self.profile.step_seconds(batch.shape) * factor
         self.clock.now += seconds
         self.steps += 1

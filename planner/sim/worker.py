@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from costmodel import Profile
+from costmodel import Neighbours, Profile
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.remote_kv import NoFreeBlocks, add_prefill_request, admit_remote_kv, count_uncached_tokens, release_blocks
@@ -51,7 +51,7 @@ class SimWorker:
         self.name, self.role, self.profile, self.events = name, role, profile, events
         self.serving = profile.serving
         self.clock = SimClock()
-        self.engine = sim_engine(profile, limits, self.clock, self._others_busy)
+        self.engine = sim_engine(profile, limits, self.clock, self._neighbours)
         self.host: list[SimWorker] = [self]  # the workers on this one's host (`planner.sim.run` sets it)
         self.window = ArrivalWindow(window)
         self.local_prefill_threshold = local_prefill_threshold
@@ -64,13 +64,15 @@ class SimWorker:
         self._link_free_at = 0.0  # prefill: when its KV sender has sent what it was given
         self.load = self._snapshot()
 
-    def _others_busy(self) -> float | None:
-        """The share of this host's other workers inside a step or with work queued now; None when it has no
-        other. (A step's requests are already advanced when it starts: inside its last step a worker has none.)"""
+    def _neighbours(self) -> Neighbours | None:
+        """What this host's other workers do now: the share inside a step or with work queued, and the share of
+        those that decode (every role but prefill); None when it has no other. (A step's requests are already
+        advanced when it starts: inside its last step a worker has none.)"""
         others = [w for w in self.host if w is not self]
         if not others:
             return None
-        return sum(1 for w in others if w.in_step or w.engine.has_unfinished_requests()) / len(others)
+        busy = [w for w in others if w.in_step or w.engine.has_unfinished_requests()]
+        return Neighbours(len(busy) / len(others), sum(1 for w in busy if w.role != "prefill") / len(others))
 
     # ---- delivery ----------------------------------------------------------------
     def post(self, message) -> None:
@@ -200,7 +202,7 @@ def _params(output_len: int) -> SamplingParams:
 
 
 def sim_engine(profile: Profile, limits: EngineLimits, clock: SimClock,
-               others_busy: Callable[[], float | None] = lambda: None) -> LLMEngine:  # fmt: skip
+               neighbours: Callable[[], Neighbours | None] = lambda: None) -> LLMEngine:  # fmt: skip
     """A real `LLMEngine` (scheduler, block pool, prefix cache) whose steps are priced by `profile`."""
     dims = profile.model
     model = ModelConfig(architecture="LlamaForCausalLM", vocab_size=dims.vocab_size, hidden_size=dims.hidden_size,
@@ -215,7 +217,7 @@ def sim_engine(profile: Profile, limits: EngineLimits, clock: SimClock,
         scheduler=SchedulerConfig(limits.max_num_seqs, limits.max_num_batched_tokens,
                                   limits.max_model_len or dims.max_position_embeddings),
     )  # fmt: skip
-    runner = PricedRunner(profile, num_blocks, clock, dims.vocab_size - 1, others_busy)
+    runner = PricedRunner(profile, num_blocks, clock, dims.vocab_size - 1, neighbours)
     quiet = logging.getLogger("tandem.engine")
     level, quiet.level = quiet.level, logging.WARNING  # "engine ready" once per simulated worker is noise
     try:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel import ModelDims, Profile, ServingCost, StepCost, StepShape, TransferCost, devices, published_profile
+from costmodel import ModelDims, Neighbours, Profile, ServingCost, StepCost, StepShape, TransferCost, devices
+from costmodel import published_profile
 from costmodel.step_shape import chunk_attention_pairs
 from planner.local_profile import load_samples
 from tests.planner.profiles import TINY_DIMS, hand_profile
@@ -105,12 +106,15 @@ def test_the_served_step_factor_moves_with_the_share_of_busy_neighbours():
         ServingCost(alone_step_factor=-1.0)
 
 
-def test_prompt_tokens_are_served_at_the_prefill_factor_decode_rows_at_the_step_factors():
-    serving = ServingCost(step_factor=1.3, alone_step_factor=1.1, prefill_factor=1.0)
-    assert serving.factor_for(1.0, 1.0) == pytest.approx(1.0)  # a prompt chunk: contention barely shows
-    assert serving.factor_for(1.0, 0.0) == pytest.approx(1.3)  # a decode batch beside busy neighbours
+def test_prompt_tokens_are_served_at_their_factor_decode_rows_slowed_by_decoding_neighbours():
+    serving = ServingCost(step_factor=1.3, alone_step_factor=1.0, prefill_factor=1.1)
+    prefilling, decoding = Neighbours(busy=1.0, decoding=0.0), Neighbours(busy=1.0, decoding=1.0)
+    assert serving.factor_for(None, 1.0) == pytest.approx(1.1)  # a prompt chunk alone
+    assert serving.factor_for(decoding, 1.0) == pytest.approx(1.1)  # contention barely shows on a prompt
+    assert serving.factor_for(prefilling, 0.0) == pytest.approx(1.0)  # decode beside a prefill: as alone
+    assert serving.factor_for(decoding, 0.0) == pytest.approx(1.3)  # decode beside decode
     assert serving.factor_for(None, 0.5) == pytest.approx(1.05)  # half and half, alone
-    assert ServingCost(step_factor=1.3).factor_for(1.0, 1.0) == 1.3  # not measured: one factor for every token
+    assert ServingCost(step_factor=1.3).factor_for(decoding, 1.0) == 1.3  # not measured: one factor for every token
     older = {k: v for k, v in serving.to_dict().items() if k != "prefill_factor"}  # a profile cached before it
     assert ServingCost.from_dict(older).prefill_factor is None
     with pytest.raises(ValueError, match="prefill_factor must be >= 0"):

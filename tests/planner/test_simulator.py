@@ -122,6 +122,23 @@ def test_a_step_is_slower_while_the_hosts_other_workers_have_work():
     assert lone.token_times == pytest.approx([0.020, 0.031, 0.042])
 
 
+def test_decode_rows_are_slowed_by_neighbours_that_decode_not_by_a_busy_prefill_worker():
+    """A stream decodes while a second prompt of 60 tokens is prefilled beside it, on the same host: beside a
+    prefill worker (1P+1D) its steps are served as alone; beside a colocated worker, at the busy factor."""
+    base = hand_profile()
+    contended = dataclasses.replace(base, serving=dataclasses.replace(base.serving, step_factor=2.0,
+                                                                      alone_step_factor=1.0))  # fmt: skip
+    requests = [SimRequest(0.0, prompt(10), 12), SimRequest(0.05, prompt(60, 900), 1)]  # the second: no decode row
+
+    def first_stream(profile, prefill_workers: int) -> list[float]:
+        layout = Layout(PoolLayout(prefill_workers, profile if prefill_workers else None),
+                        PoolLayout(2 - prefill_workers, profile), LIMITS, arrival_window=NO_WINDOW)  # fmt: skip
+        return simulate(layout, requests).requests[0].itl
+
+    assert first_stream(contended, 1) == pytest.approx(first_stream(base, 1))
+    assert sum(first_stream(contended, 0)) > sum(first_stream(base, 0)) * 1.3
+
+
 def test_colocated_workers_are_chosen_by_prefix_so_a_shared_prompt_is_computed_once():
     """Two colocated workers, prefixes P and Q of 64 tokens (4 blocks). P goes to one worker, Q (while P is
     in flight) to the other; later, Q's and then P's second prompts each go where their prefix is cached:
