@@ -15,7 +15,7 @@ from decode_worker.kv_receiving import ExpectKV, KVReceiving
 from engine.parallel.follower import TPFollower
 from wire.codec import encode
 from runtime.engine_bridge import kv_spec_for
-from wire.ranks import DropShard, ExpectShard, RankEndpoint, TransferEnded
+from wire.ranks import DropShard, ExpectShard, RankEndpoint
 from runtime.rank_links import RankControl
 from kvtransfer.receiver import KVReceiver
 from runtime.follower import FollowerRole
@@ -24,30 +24,16 @@ from runtime.rank_control_service import RankControlService
 
 
 class DecodeFollower(FollowerRole):
-    def __init__(self, config):
-        self.config = config  # DecodeWorkerConfig: addresses and timeouts
-        self.receiving: KVReceiving | None = None
-        self.control: RankControlService | None = None
-
     def services(self, follower: TPFollower, io: IOThread) -> list:
-        c, rank = self.config, follower.config.parallel.rank
-        tp_size = follower.config.parallel.tp_size
-        receiver = KVReceiver(follower.runner.kv_caches, kv_spec_for(follower.config), c.bind_address, tp_size, rank,
-                              timeouts=c.timeouts)  # fmt: skip
-        self.control = RankControlService(RankControl(rank, c.bind_address), io, {
-            ExpectShard: lambda msg: self.receiving.expect(ExpectKV(msg.request_id, msg.block_ids)),
+        c, p = self.config, follower.config.parallel
+        receiver = KVReceiver(follower.runner.kv_caches, kv_spec_for(follower.config), c.bind_address, p.tp_size,
+                              p.rank, timeouts=c.timeouts)  # fmt: skip
+        self.control = RankControlService(RankControl(p.rank, c.bind_address), io, {
+            ExpectShard: lambda msg: self.kv.expect(ExpectKV(msg.request_id, msg.block_ids)),
             DropShard: lambda msg: receiver.abort(msg.request_id, msg.reason),  # a no-op once it ended
         })  # fmt: skip
-        self.receiving = KVReceiving(receiver, self._report, rank)
-        return [self.control, self.receiving]
-
-    def _report(self, event) -> None:
-        if isinstance(event, TransferEnded):  # a release is acknowledged by the DropShard's ack instead
-            self.control.report(event)
+        self.kv = KVReceiving(receiver, self.control.report, p.rank)
+        return [self.control, self.kv]
 
     def endpoint(self) -> bytes:
-        rank = self.receiving.rank
-        return encode(RankEndpoint(rank, self.control.control.address, self.receiving.receiver.address))
-
-    def is_idle(self) -> bool:
-        return not self.receiving.receiver.pending()
+        return encode(RankEndpoint(self.kv.rank, self.control.control.address, self.kv.receiver.address))

@@ -1,7 +1,7 @@
 """The decode side of the KV handoff on a worker's I/O thread: a `KVReceiver` and the commands that drive it.
 
     loop thread ── ExpectKV(request, block ids) ──► receiver.recv        (before the reserve is answered)
-                ── ReleaseKV(request, reason) ────► receiver.abort, then Released back:
+                ── Release(request, reason) ──────► receiver.abort, then Released back:
                                                     from then on nothing writes the request's blocks
                 ── AnswerAfter(answer, result) ───► answer(result) here, after the commands before it
     loop thread ◄── TransferEnded(request, rank, done | failed, reason) ── the receiver's events
@@ -32,12 +32,6 @@ class ExpectKV:
 
 
 @dataclass(frozen=True)
-class ReleaseKV:
-    request_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
 class AnswerAfter:
     """Answer a call from the I/O thread, once every command posted before this one has run."""
 
@@ -51,8 +45,7 @@ class KVReceiving(TransferService):
         self.receiver = receiver
 
     def commands(self) -> dict[type, Callable]:
-        return {ExpectKV: self.expect, ReleaseKV: lambda cmd: self.release(cmd.request_id, cmd.reason),
-                AnswerAfter: lambda cmd: cmd.answer(cmd.result)}  # fmt: skip
+        return {**super().commands(), ExpectKV: self.expect, AnswerAfter: lambda cmd: cmd.answer(cmd.result)}
 
     def expect(self, cmd: ExpectKV) -> None:
         try:

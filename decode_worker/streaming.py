@@ -22,11 +22,9 @@ def output_delta(out: RequestOutput, already_streamed: int = 0) -> TokenDelta | 
     first_index = len(completion.token_ids) - len(new)
     # The prompt's logprobs go with the first output token (none when prefill streamed that token).
     prompt = prompt_token_logprobs(out.prompt_logprobs) if first_index == 0 and new else ()
-    return TokenDelta(
-        out.request_id, first_index, tuple(new), out.finished, completion.finish_reason,
-        len(out.prompt_token_ids), len(completion.token_ids), out.num_cached_tokens,
-        logprobs=token_logprobs(completion.logprobs, len(new)), prompt_logprobs=prompt,
-    )  # fmt: skip
+    return TokenDelta(out.request_id, first_index, tuple(new), out.finished, completion.finish_reason,
+                      len(out.prompt_token_ids), len(completion.token_ids), out.num_cached_tokens,
+                      logprobs=token_logprobs(completion.logprobs, len(new)), prompt_logprobs=prompt)  # fmt: skip
 
 
 def final_delta(record: DecodeRecord, finish_reason: str = "abort", error: str = "", resumable: bool = False

@@ -34,20 +34,20 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from decode_worker.kv_receiving import AnswerAfter, ExpectKV, ReleaseKV
+from decode_worker.kv_receiving import AnswerAfter, ExpectKV
 from decode_worker.recompute import requeue_locally
 from decode_worker.records import DecodeRecord, Event, Phase
 from decode_worker.streaming import final_delta, output_delta
 from engine.llm_engine import LLMEngine
 from engine.remote_kv import NoFreeBlocks, admit_remote_kv, count_uncached_tokens, fail_remote_kv, reserve_remote_kv
 from runtime.engine_bridge import decode_phases, sampling_params
-from wire.ranks import ExpectShard, RankAck, TransferEnded
+from wire.ranks import ExpectShard, TransferEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, ReserveRefused, WorkerLoad
 from wire.push_pull import PullSocket, Pushers
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
-from runtime.transfer_service import Released
+from runtime.transfer_service import Release
 from runtime.worker_config import WorkerConfig
 
 logger = logging.getLogger("tandem.decode")
@@ -62,7 +62,7 @@ class DecodeWorkerConfig(WorkerConfig):
 
 
 class DecodeWorker(RequestTable):
-    abort_event, step_failed_event, ack_timeout_event = Event.ABORT, Event.STEP_FAILED, Event.ACK_TIMEOUT
+    events = Event
 
     def __init__(self, engine: LLMEngine, config: DecodeWorkerConfig, io, board: LoadBoard, receiver_address: str,
                  inbox: PullSocket, pushers: Pushers, control_address: str = ""):  # fmt: skip
@@ -73,15 +73,7 @@ class DecodeWorker(RequestTable):
         self.receiver_address, self.inbox, self.pushers = receiver_address, inbox, pushers
         self.calls.update(reserve=self.reserve)
 
-    # ---- messages to the loop ------------------------------------------------
-    def handle(self, message) -> None:
-        if isinstance(message, Call):
-            self.take_call(message)
-        elif isinstance(message, TransferEnded):
-            self._transfer_ended(message)
-        elif isinstance(message, Released):
-            self.on(message.request_id, Event.RELEASED, rank=0)
-
+    # ---- the router's call ------------------------------------------------------
     def reserve(self, call: Call) -> None:
         """Take the request: prefill it here, or reserve blocks for its KV (answered once every rank expects it)."""
         request: GenerateRequest = call.arg
@@ -117,7 +109,7 @@ class DecodeWorker(RequestTable):
 
     # ---- the loop (runtime.loop.LoopWorker) -------------------------------------
     def sockets(self) -> list:
-        return [self.inbox.socket] + ([self.ranks.socket] if self.ranks is not None else [])
+        return [self.inbox.socket, *super().sockets()]
 
     def read_sockets(self) -> None:
         for msg in self.inbox.poll(0):
@@ -125,8 +117,7 @@ class DecodeWorker(RequestTable):
                 self.on(msg.request_id, Event.FIRST_TOKEN, token=msg.token_id)
             else:  # PrefillFailed
                 self.on(msg.request_id, Event.KV_FAILED, f"prefill failed: {msg.reason}")
-        for msg in self.ranks.read() if self.ranks is not None else ():
-            self._on_rank_message(msg)
+        super().read_sockets()  # the follower ranks' acks and transfer reports
         self._admit_ready()
 
     def step(self) -> bool:
@@ -235,21 +226,12 @@ class DecodeWorker(RequestTable):
 
     A, E = Phase, Event
     transitions = {
-        (A.EXPECTING_SHARDS, E.RANK_ACKED): _to_awaiting_kv,
-        (A.EXPECTING_SHARDS, E.ACK_TIMEOUT): _to_refused,
-        (A.EXPECTING_SHARDS, E.ABORT): _to_refused,
-        (A.AWAITING_KV, E.KV_DONE): _to_admission,
-        (A.AWAITING_KV, E.SHARD_DONE): _to_admission,
-        (A.AWAITING_KV, E.FIRST_TOKEN): _to_admission,
-        (A.AWAITING_KV, E.SEAT_OFFERED): _to_running,
-        (A.AWAITING_KV, E.KV_FAILED): _to_recompute_or_end,
-        (A.AWAITING_KV, E.NO_FIRST_TOKEN): _to_end,
-        (A.AWAITING_KV, E.ABORT): _to_end,
-        (A.RUNNING, E.ABORT): _to_end,
-        (A.RUNNING, E.STEP_FAILED): _to_end,
-        (A.RUNNING, E.FINISHED): _to_gone,
-        (A.RELEASING, E.RELEASED): _to_released,
-        (A.RELEASING, E.ACK_TIMEOUT): _to_released,
+        A.EXPECTING_SHARDS: {E.RANK_ACKED: _to_awaiting_kv, E.ACK_TIMEOUT: _to_refused, E.ABORT: _to_refused},
+        A.AWAITING_KV: {E.KV_DONE: _to_admission, E.SHARD_DONE: _to_admission, E.FIRST_TOKEN: _to_admission,
+                        E.SEAT_OFFERED: _to_running, E.KV_FAILED: _to_recompute_or_end, E.NO_FIRST_TOKEN: _to_end,
+                        E.ABORT: _to_end},
+        A.RUNNING: {E.ABORT: _to_end, E.STEP_FAILED: _to_end, E.FINISHED: _to_gone},
+        A.RELEASING: {E.RELEASED: _to_released, E.ACK_TIMEOUT: _to_released},
     }
     del A, E
 
@@ -257,7 +239,7 @@ class DecodeWorker(RequestTable):
     def _release(self, record: DecodeRecord, then: str, reason: str) -> None:
         """Ask everyone who may still write the request's blocks to let go (RELEASING), then `then`."""
         record.phase, record.then, record.reason = Phase.RELEASING, then, reason
-        self.start_release(record, ReleaseKV(record.request_id, reason), reason)
+        self.start_release(record, Release(record.request_id, reason), reason)
 
     def _recompute(self, record: DecodeRecord, req) -> None:
         logger.warning("%s: recomputing the prompt here (%s)", record.request_id, record.reason)
@@ -279,13 +261,6 @@ class DecodeWorker(RequestTable):
             self.on(record.request_id, Event.SEAT_OFFERED)
             if record.phase is Phase.AWAITING_KV:
                 return  # no seat in the batch: the oldest waits first
-
-    def _on_rank_message(self, msg: RankAck | TransferEnded) -> None:
-        if isinstance(msg, RankAck):
-            event = Event.RANK_ACKED if msg.kind == "ExpectShard" else Event.RELEASED
-            self.on(msg.request_id, event, rank=msg.rank)
-        else:
-            self._transfer_ended(msg)
 
     def _transfer_ended(self, ended: TransferEnded) -> None:
         """This rank's receiver (rank 0: the whole prompt) or a follower's (its heads) ended the transfer."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from engine.parallel.follower import TPFollower
 from wire.codec import decode, encode
 from runtime.engine_bridge import kv_spec_for
-from wire.ranks import DropShard, RankEndpoint, ShardOrders, TransferEnded
+from wire.ranks import DropShard, RankEndpoint, ShardOrders
 from runtime.rank_links import RankControl
 from kvtransfer.sender import KVSender
 from prefill_worker.kv_sending import KVSending, SendLayer, StartSend
@@ -46,29 +46,17 @@ class _ForwardConnector:
 
 
 class PrefillFollower(FollowerRole):
-    def __init__(self, config):
-        self.config = config  # PrefillWorkerConfig: name, addresses and timeouts
-        self.sending: KVSending | None = None
-        self.control: RankControlService | None = None
-
     def services(self, follower: TPFollower, io: IOThread) -> list:
-        c, p = self.config, follower.config.parallel
+        c, p, heads = self.config, follower.config.parallel, follower.config.model.num_kv_heads
         sender = KVSender(kv_spec_for(follower.config), c.name, p.tp_size, p.rank, timeouts=c.timeouts)
-        self.sending = KVSending(sender, follower.runner.kv_caches, follower.config.model.num_kv_heads, self._report)
         self.control = RankControlService(RankControl(p.rank, c.bind_address), io, {
             DropShard: lambda msg: sender.abort(msg.request_id, msg.reason),  # after the commands queued before it
         })  # fmt: skip
-        return [self.control, self.sending]
+        self.kv = KVSending(sender, follower.runner.kv_caches, heads, self.control.report)
+        return [self.control, self.kv]
 
     def connector(self, follower: TPFollower, io: IOThread) -> _ForwardConnector:
         return _ForwardConnector(io)
 
-    def _report(self, event) -> None:
-        if isinstance(event, TransferEnded):  # a release is acknowledged by the DropShard's ack instead
-            self.control.report(event)
-
     def endpoint(self) -> bytes:
-        return encode(RankEndpoint(self.sending.sender.tp_rank, self.control.control.address))
-
-    def is_idle(self) -> bool:
-        return not self.sending.sender.pending()
+        return encode(RankEndpoint(self.kv.rank, self.control.control.address))

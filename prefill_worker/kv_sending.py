@@ -2,7 +2,7 @@
 
     loop / forward thread ── StartSend(order) ──────► open this rank's transfers of the request
                           ── SendLayer(ids, layer) ─► ship that layer of those requests (its KV is final)
-                          ── ReleaseSend(id) ───────► abort its transfers, then Released back:
+                          ── Release(id, reason) ───► abort its transfers, then Released back:
                                                       from then on nothing reads its blocks
     loop thread ◄── TransferEnded(id, rank, peer, done | failed | expired) ── the sender's events
 
@@ -38,20 +38,13 @@ class SendLayer:
     layer: int
 
 
-@dataclass(frozen=True)
-class ReleaseSend:
-    request_id: str
-    reason: str
-
-
 class KVSending(TransferService):
     def __init__(self, sender: KVSender, kv_caches, num_kv_heads: int, report: Callable[[object], None]):
         super().__init__(sender, report, sender.tp_rank)
         self.sender, self.kv_caches, self.num_kv_heads = sender, kv_caches, num_kv_heads
 
     def commands(self) -> dict[type, Callable]:
-        return {StartSend: self.start, SendLayer: self.send_layer,
-                ReleaseSend: lambda cmd: self.release(cmd.request_id, cmd.reason)}  # fmt: skip
+        return {**super().commands(), StartSend: self.start, SendLayer: self.send_layer}
 
     def start(self, cmd: StartSend) -> None:
         order, s = cmd.order, self.sender

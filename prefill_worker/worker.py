@@ -35,16 +35,16 @@ from engine.scheduler import SchedulerOutput
 from wire.codec import encode
 from runtime.engine_bridge import prompt_phases, prompt_token_logprobs, sampling_params, token_logprobs
 from kvtransfer.faults import TransportFaults
-from wire.ranks import RankAck, ShardOrder, ShardOrders, TransferEnded
+from wire.ranks import ShardOrder, ShardOrders, TransferEnded
 from wire.requests import FirstToken, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
 from wire.push_pull import Pushers
-from prefill_worker.kv_sending import ReleaseSend, SendLayer, StartSend
+from prefill_worker.kv_sending import SendLayer, StartSend
 from prefill_worker.pieces import transfers_of
 from prefill_worker.records import Event, Phase, PrefillRecord
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
-from runtime.transfer_service import Released
+from runtime.transfer_service import Release
 from runtime.worker_config import WorkerConfig
 
 logger = logging.getLogger("tandem.prefill")
@@ -57,7 +57,7 @@ class PrefillWorkerConfig(WorkerConfig):
 
 
 class PrefillWorker(RequestTable):
-    abort_event, step_failed_event, ack_timeout_event = Event.ABORT, Event.STEP_FAILED, Event.ACK_TIMEOUT
+    events = Event
 
     def __init__(self, engine: LLMEngine, config: PrefillWorkerConfig, io, board: LoadBoard, pushers: Pushers,
                  control_address: str = ""):  # fmt: skip
@@ -69,15 +69,7 @@ class PrefillWorker(RequestTable):
         self.calls.update(prefill=self.prefill)
         engine.kv_connector = self
 
-    # ---- messages to the loop ------------------------------------------------
-    def handle(self, message) -> None:
-        if isinstance(message, Call):
-            self.take_call(message)
-        elif isinstance(message, TransferEnded):
-            self._transfer_ended(message)
-        elif isinstance(message, Released):
-            self.on(message.request_id, Event.RELEASED, rank=message.rank)
-
+    # ---- the router's call ------------------------------------------------------
     def prefill(self, call: Call) -> None:
         """Queue the prompt; a ValueError (nothing kept) if this engine cannot take it."""
         task: PrefillTask = call.arg
@@ -104,17 +96,7 @@ class PrefillWorker(RequestTable):
         if self._sending_now:
             self.io.post(SendLayer(self._sending_now, layer))
 
-    # ---- the loop (runtime.loop.LoopWorker) -------------------------------------
-    def sockets(self) -> list:
-        return [self.ranks.socket] if self.ranks is not None else []
-
-    def read_sockets(self) -> None:
-        for msg in self.ranks.read() if self.ranks is not None else ():
-            if isinstance(msg, RankAck):
-                self.on(msg.request_id, Event.RELEASED, rank=msg.rank)
-            else:  # TransferEnded
-                self._transfer_ended(msg)
-
+    # ---- the loop (runtime.loop.LoopWorker; sockets: runtime.request_table's) ---------
     def step(self) -> bool:
         try:
             outputs = self.engine_step()
@@ -166,7 +148,7 @@ class PrefillWorker(RequestTable):
         record.phase, record.reason = Phase.RELEASING, reason
         record.tell_decode = event is not Event.ABORT
         self.engine.abort_request(record.request_id)  # a no-op unless the failed step left it there
-        self.start_release(record, ReleaseSend(record.request_id, reason), reason)
+        self.start_release(record, Release(record.request_id, reason), reason)
 
     def _to_released(self, record: PrefillRecord, event: Event, reason: str, rank: int | None = None, **_) -> None:
         if self.let_go(record, event, reason, rank):
@@ -174,15 +156,10 @@ class PrefillWorker(RequestTable):
 
     P, E = Phase, Event
     transitions = {
-        (P.QUEUED, E.SENDING): _to_sending,
-        (P.QUEUED, E.ABORT): _to_dropped,
-        (P.QUEUED, E.STEP_FAILED): _to_dropped,
-        (P.SENDING, E.TRANSFER_DONE): _to_sent,
-        (P.SENDING, E.TRANSFER_FAILED): _to_releasing,
-        (P.SENDING, E.ABORT): _to_releasing,
-        (P.SENDING, E.STEP_FAILED): _to_releasing,
-        (P.RELEASING, E.RELEASED): _to_released,
-        (P.RELEASING, E.ACK_TIMEOUT): _to_released,
+        P.QUEUED: {E.SENDING: _to_sending, E.ABORT: _to_dropped, E.STEP_FAILED: _to_dropped},
+        P.SENDING: {E.TRANSFER_DONE: _to_sent, E.TRANSFER_FAILED: _to_releasing, E.ABORT: _to_releasing,
+                    E.STEP_FAILED: _to_releasing},
+        P.RELEASING: {E.RELEASED: _to_released, E.ACK_TIMEOUT: _to_released},
     }
     del P, E
 

@@ -95,10 +95,6 @@ class CompletionRequest(_GenerationFields):
     best_of: int | None = None
     suffix: str | None = None
 
-    @property
-    def max_tokens_asked(self) -> int | None:
-        return self.max_tokens
-
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -19,15 +20,8 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.routing import Match
 
-from router.api_models import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-)
+from router.api_models import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
+                               ErrorResponse, ModelCard, ModelList)  # fmt: skip
 from router.chat import create_chat_completion
 from router.completions import create_completion
 from router.config import RouterConfig
@@ -69,8 +63,6 @@ class RouterState:
 
 
 def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> FastAPI:
-    import time
-
     options = dict(config.routing_options)
     registry = registry or WorkerRegistry(*make_pool_policies(config.routing_policy, options,
                                                               options.get("block_size", 16), config.colocated))

@@ -42,14 +42,11 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
         return SSEStream(running, _chunks(running, rid, created, model, body.logprobs, usage, tools),
                          runner.max_stream_backlog_bytes)  # fmt: skip
     choices = await collect(running, request)
-    return JSONResponse(content=ChatCompletionResponse(
-        id=rid, created=created, model=model.name, usage=running.usage(), phases=running.phases(),
-        choices=[
-            {"index": i, **_message_and_finish(c["text"], c["finish_reason"], tools),
-             "logprobs": _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs else None}
-            for i, c in sorted(choices.items())
-        ],
-    ).model_dump())  # fmt: skip
+    answers = [{"index": i, **_message_and_finish(c["text"], c["finish_reason"], tools),
+                "logprobs": _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs else None}
+               for i, c in sorted(choices.items())]  # fmt: skip
+    return JSONResponse(content=ChatCompletionResponse(id=rid, created=created, model=model.name, choices=answers,
+                                                       usage=running.usage(), phases=running.phases()).model_dump())
 
 
 def _message_and_finish(text: str, finish_reason: str | None, tools: ToolUse | None) -> dict:
@@ -101,11 +98,9 @@ class ToolDeltas:
             return None, None
         done = _message_and_finish(self.held, finish_reason, tools)
         message = done["message"]
-        if "tool_calls" not in message:
-            return ({"content": message["content"]} if message["content"] else {}), done["finish_reason"]
-        calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        return {"tool_calls": calls, **({"content": message["content"]} if message["content"] else {})}, \
-            done["finish_reason"]
+        content = {"content": message["content"]} if message["content"] else {}
+        calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls", ()))]  # none: no call made
+        return ({"tool_calls": calls, **content} if calls else content), done["finish_reason"]
 
     def _arguments(self, text: str) -> dict:
         if not text:
@@ -122,9 +117,5 @@ def _logprobs(model: ServedModel, token_ids: list[int], logprobs: list) -> dict:
         text = model.token_text(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
-    return {
-        "content": [
-            {**entry(t, lp.logprob), "top_logprobs": [entry(alt, v) for alt, v in lp.top]}
-            for t, lp in zip(token_ids, logprobs)
-        ]
-    }
+    return {"content": [{**entry(t, lp.logprob), "top_logprobs": [entry(alt, v) for alt, v in lp.top]}
+                        for t, lp in zip(token_ids, logprobs)]}  # fmt: skip

@@ -41,8 +41,7 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
         "choices": [{"index": i, **echo.choice(i, c["text"], c["token_ids"], c["logprobs"], c["prompt_logprobs"]),
                      "finish_reason": c["finish_reason"]}
                     for i, c in sorted(choices.items())],
-        "usage": running.usage(),
-        "phases": running.phases(),
+        "usage": running.usage(), "phases": running.phases(),
     })  # fmt: skip
 
 

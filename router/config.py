@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from router.handoff import HandoffTimeouts
@@ -52,6 +53,4 @@ class RouterConfig:
 
     @property
     def model_name(self) -> str:
-        import os
-
         return self.served_model_name or os.path.basename(os.path.normpath(self.model_dir))

@@ -272,14 +272,11 @@ class Dispatcher:
     def abort(self, attempt: Attempt) -> None:
         """Fire and forget an abort to the live workers still holding part of `attempt` (the caller may be a
         cancelled task, which cannot await any more)."""
-        decode, prefill = attempt.decode, attempt.holding_prefill
-        decode_ep = decode.endpoint if decode.alive else None
-        prefill_ep = prefill.endpoint if prefill is not None and prefill.alive else None
-        if decode_ep is None and prefill_ep is None:
+        # Decode first; when decode died, the prefill worker alone (it may still hold the prompt's blocks).
+        live = [w.endpoint for w in (attempt.decode, attempt.holding_prefill) if w is not None and w.alive]
+        if not live:
             return
-        if decode_ep is None:  # decode died: the prefill worker may still hold the prompt's blocks
-            decode_ep, prefill_ep = prefill_ep, None
-        task = asyncio.get_running_loop().create_task(abort_request(attempt.request_id, decode_ep, prefill_ep))
+        task = asyncio.get_running_loop().create_task(abort_request(attempt.request_id, *live))
         self._background.add(task)
         task.add_done_callback(self._abort_done)
 

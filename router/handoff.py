@@ -63,12 +63,8 @@ class HandoffTimeouts:
     reserve_wait_s: float = 30.0  # then the request fails with a clear error
 
 
-async def start_request(
-    request: GenerateRequest,
-    decode_worker: DecodeEndpoint,
-    prefill_worker: PrefillEndpoint | None,
-    timeouts: HandoffTimeouts = HandoffTimeouts(),
-) -> DecodeReservation:
+async def start_request(request: GenerateRequest, decode_worker: DecodeEndpoint, prefill_worker: PrefillEndpoint | None,
+                        timeouts: HandoffTimeouts = HandoffTimeouts()) -> DecodeReservation:  # fmt: skip
     """Reserve on decode, then (unless decode prefills locally) hand the prompt to prefill.
 
     Returns once both workers hold the request; tokens then arrive on `request.stream_address`.
@@ -98,14 +94,13 @@ async def _reserve(request: GenerateRequest, decode_worker: DecodeEndpoint, time
         if not reply.retryable:
             raise HandoffError(f"decode refused request {request.request_id}: {reply.reason}")
         if time.monotonic() >= deadline:
-            raise HandoffError(
-                f"no decode room for request {request.request_id} within {timeouts.reserve_wait_s}s: {reply.reason}",
-                retryable=True,
-            )
+            raise HandoffError(f"no decode room for request {request.request_id} within {timeouts.reserve_wait_s}s: "
+                               f"{reply.reason}", retryable=True)  # fmt: skip
         await asyncio.sleep(timeouts.reserve_retry_s)
 
 
-async def abort_request(request_id: str, decode_worker: DecodeEndpoint, prefill_worker: PrefillEndpoint | None) -> None:
+async def abort_request(request_id: str, decode_worker: DecodeEndpoint,
+                        prefill_worker: PrefillEndpoint | None = None) -> None:  # fmt: skip
     """Client cancellation: both aborts are sent at once, both sides free what they hold (each side's
     abort is idempotent); the first failure is raised after both ran."""
     calls = [decode_worker.abort(request_id)] + ([prefill_worker.abort(request_id)] if prefill_worker else [])

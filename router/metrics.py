@@ -41,8 +41,7 @@ _TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
 
 class RouterMetrics:
     def __init__(self, workers: WorkerRegistry):
-        self.registry = CollectorRegistry()
-        r = self.registry
+        r = self.registry = CollectorRegistry()
         self.ttft = Histogram("tandem:time_to_first_token_seconds", "Time to first token.", buckets=_LATENCY_BUCKETS,
                               registry=r)  # fmt: skip
         self.tpot = Histogram("tandem:time_per_output_token_seconds", "Time per output token after the first.",

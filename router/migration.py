@@ -39,9 +39,5 @@ def resumed_request(original: GenerateRequest, delivered: list[int], attempt: in
     sampling = original.sampling.continued(len(delivered))
     if sampling is None:
         return None
-    return GenerateRequest(
-        f"{original.request_id}.{attempt}",
-        original.prompt_token_ids + tuple(delivered),
-        sampling,
-        original.stream_address,
-    )
+    return GenerateRequest(f"{original.request_id}.{attempt}", original.prompt_token_ids + tuple(delivered), sampling,
+                           original.stream_address)  # fmt: skip

@@ -52,8 +52,7 @@ class PrefixTree:
     def insert(self, worker: str, keys: Sequence[int], cache_blocks: int | None = None) -> None:
         """Record that `worker` now caches the blocks `keys` (a prompt's chain keys, in order).
 
-        `cache_blocks`, the size of the worker's KV cache where known, sizes its generations.
-        """
+        `cache_blocks`, the size of the worker's KV cache where known, sizes its generations."""
         generations = self._workers.setdefault(worker, _Generations())
         size = self.max_blocks_per_worker // 2
         if cache_blocks is not None:

@@ -44,4 +44,3 @@ def vllm_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: tup
         out.append({str(t): {"logprob": lp, "rank": r, "decoded_token": model.token_text(t)}
                     for t, (lp, r) in ranked.items()})  # fmt: skip
     return out
-

@@ -50,12 +50,12 @@ class WorkerFailed(RuntimeError):
 
 
 class GuardedEndpoint:
-    """A worker's async endpoint whose failures raise `WorkerFailed` and are reported to `on_failure`.
+    """A worker's async endpoint whose failures raise `WorkerFailed` and are reported to `on_failure(name, why)`.
 
     A ValueError (also Ray's task error wrapping one) is the request's fault, not
     the worker's: it passes through and nothing is reported."""
 
-    def __init__(self, endpoint, name: str, on_failure: Callable[[WorkerFailed], None]):
+    def __init__(self, endpoint, name: str, on_failure: Callable[[str, str], None]):
         self._endpoint, self._name, self._on_failure = endpoint, name, on_failure
 
     def __getattr__(self, method: str):
@@ -69,9 +69,8 @@ class GuardedEndpoint:
             except Exception as err:
                 # Ray's messages run over many lines of internals: the first one says what happened.
                 reason = f"{method} failed: {type(err).__name__}: {_first_line(err)}"
-                failure = WorkerFailed(reason, self._name, getattr(err, "refused", False))
-                self._on_failure(failure)
-                raise failure from err
+                self._on_failure(self._name, reason)
+                raise WorkerFailed(reason, self._name, getattr(err, "refused", False)) from err
 
         return guarded
 
@@ -114,7 +113,7 @@ class WorkerRegistry:
             raise ValueError(f"worker {name!r} is already registered")
         if old is not None:  # a dead worker of that name comes back: its old connection goes
             old.endpoint.close()
-        guarded = GuardedEndpoint(endpoint, name, self._call_failed)
+        guarded = GuardedEndpoint(endpoint, name, self.mark_suspect)
         state = self.workers[name] = WorkerState(name, role, guarded, liveness=Liveness(self.liveness, self.clock),
                                                  sender_key=sender_key)  # fmt: skip
         self._index_senders()
@@ -166,9 +165,6 @@ class WorkerRegistry:
             logger.warning("worker %s is suspect: %s", name, reason)
         state.suspect = True
 
-    def _call_failed(self, failure: WorkerFailed) -> None:
-        self.mark_suspect(failure.worker, str(failure))
-
     # ---- choosing ----------------------------------------------------------
     def live(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role and w.alive]
@@ -199,9 +195,8 @@ class WorkerRegistry:
     async def refresh_loads(self, timeout_s: float) -> None:
         """Read every live worker's `load()` at once and judge each by its answer (or its silence)."""
         workers = [w for w in self.workers.values() if w.alive]
-        results = await asyncio.gather(
-            *(asyncio.wait_for(w.endpoint.load(), timeout_s) for w in workers), return_exceptions=True
-        )
+        results = await asyncio.gather(*(asyncio.wait_for(w.endpoint.load(), timeout_s) for w in workers),
+                                       return_exceptions=True)  # fmt: skip
         for worker, result in zip(workers, results):
             if worker.alive:  # not unregistered meanwhile
                 self._judge(worker, result, timeout_s)

@@ -59,10 +59,8 @@ class ServedModel:
         if not template:
             raise bad_request(f"model {self.name} has no chat template; use /v1/completions", "messages")
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False,
-                tools=tools or None,
-            )
+            text = self.tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt, tools=tools or None)
         except Exception as err:  # jinja raises its own types for messages a template rejects
             raise bad_request(f"the chat template rejected the messages: {err}", "messages") from None
         return self.encode(text, add_special_tokens=add_special_tokens, param="messages")
@@ -105,16 +103,11 @@ class ServedModel:
         """Output tokens allowed: `asked`, or all the context the prompt leaves; 400 when that does not fit."""
         room = self.max_model_len - prompt_len
         if room <= 0:
-            raise bad_request(
-                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has {prompt_len}",
-                "messages" if param == "max_completion_tokens" else "prompt",
-            )
+            raise bad_request(f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                              f"{prompt_len}", "messages" if param == "max_completion_tokens" else "prompt")
         if asked is not None and asked > room:
-            raise bad_request(
-                f"{param}={asked} plus the prompt's {prompt_len} tokens exceeds the maximum context length "
-                f"{self.max_model_len}; ask for at most {room}",
-                param,
-            )
+            raise bad_request(f"{param}={asked} plus the prompt's {prompt_len} tokens exceeds the maximum context "
+                              f"length {self.max_model_len}; ask for at most {room}", param)  # fmt: skip
         return asked if asked is not None else room
 
     def text_stream(self, prompt_ids: list[int], options: TextOptions) -> TextStream:

@@ -156,10 +156,8 @@ class RequestRunner:
         plan = [(i * n + j, prompt, max_tokens[i]) for i, prompt in enumerate(prompts) for j in range(n)]
         specs = [self._spec(sampling, limit, j) for (j, _, limit) in plan]
         try:
-            started = await asyncio.gather(
-                *(self.dispatcher.start(prompt, spec) for (_, prompt, _), spec in zip(plan, specs)),
-                return_exceptions=True,
-            )
+            starts = (self.dispatcher.start(prompt, spec) for (_, prompt, _), spec in zip(plan, specs))
+            started = await asyncio.gather(*starts, return_exceptions=True)
         except BaseException:  # cancelled (client gone): each start cleaned up after itself
             self.admission.release(len(plan))
             raise
@@ -169,10 +167,8 @@ class RequestRunner:
                 gen.close()
             self.admission.release(len(plan))
             raise from_dispatch(next(e for e in started if not isinstance(e, Generation)))
-        choices = [
-            _Choice(index, gen, ChoiceOutput(index, gen.request, self.model.text_stream(prompt, text)))
-            for (index, prompt, _), gen in zip(plan, generations)
-        ]
+        choices = [_Choice(index, gen, ChoiceOutput(index, gen.request, self.model.text_stream(prompt, text)))
+                   for (index, prompt, _), gen in zip(plan, generations)]  # fmt: skip
         return RunningRequest(choices, [len(p) for p in prompts], arrived, self)
 
     @staticmethod

@@ -19,9 +19,8 @@ import json
 from router.api_models import _GenerationFields
 from router.errors import bad_request
 
-# vLLM's structured_outputs keys and the kind each asks for
-STRUCTURED_OUTPUTS_KEYS = {"json": "json", "regex": "regex", "choice": "choice", "grammar": "grammar",
-                           "json_object": "json_object"}  # fmt: skip
+# vLLM's structured_outputs keys, each the kind it asks for
+STRUCTURED_OUTPUTS_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 def structured_from(body: _GenerationFields) -> tuple[str, str] | None:
@@ -61,7 +60,7 @@ def _from_structured_outputs(value: dict | None) -> tuple[str, tuple[str, str]] 
     if len(asked) != 1:
         raise bad_request("structured_outputs must ask for exactly one of " + ", ".join(STRUCTURED_OUTPUTS_KEYS), field)
     key, spec = next(iter(asked.items()))
-    return field, _spec(STRUCTURED_OUTPUTS_KEYS[key], spec, f"{field}.{key}")
+    return field, _spec(key, spec, f"{field}.{key}")
 
 
 def _from_guided(body: _GenerationFields) -> list[tuple[str, tuple[str, str]] | None]:

@@ -27,7 +27,6 @@ their workers are is the dispatcher's record (`router.dispatch.Generation`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -98,9 +97,7 @@ class RequestOutputs:
         """A new attempt continues after the tokens handed out so far (their count is returned)."""
         self._attempt += 1
         self._tokens.clear()
-        self._final = None
-        self._given_up = None
-        self.prompt_phases = None
+        self._final = self._given_up = self.prompt_phases = None
         self._offset = self._next
         self.last_activity = time.monotonic()
         return self._next
@@ -195,11 +192,6 @@ class TokenStreamConsumer:
 
     def close_request(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
-
-    def fail(self, request_id: str, reason: str) -> None:
-        route = self._requests.get(request_id)
-        if route is not None:
-            route[0].put(StreamFailed(reason))
 
     def _read(self) -> None:
         while self._sock is not None:

@@ -82,4 +82,3 @@ def install_tokenize_routes(app: FastAPI, model: ServedModel) -> None:
             return {"version": version("tandem")}
         except PackageNotFoundError:  # run from a checkout that was never installed
             return {"version": "unknown"}
-

@@ -51,11 +51,8 @@ class PromptRate:
 
 def predicted_ttft_s(workers: Sequence, prompt_tokens: int) -> float | None:
     """The shortest predicted TTFT over `workers` (`WorkerState`s); None when none has a rate yet."""
-    predictions = [
-        (w.prompt_tokens_queued + prompt_tokens) / rate
-        for w in workers
-        if (rate := w.prompt_rate.tokens_per_s)
-    ]  # fmt: skip
+    predictions = [(w.prompt_tokens_queued + prompt_tokens) / rate
+                   for w in workers if (rate := w.prompt_rate.tokens_per_s)]  # fmt: skip
     return min(predictions, default=None)
 
 

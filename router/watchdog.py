@@ -43,4 +43,3 @@ async def watch(dispatcher: Dispatcher, limit_s: float) -> None:
     while True:
         await asyncio.sleep(max(0.05, limit_s / 4))
         resume_silent_requests(dispatcher, limit_s)
-

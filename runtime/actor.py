@@ -14,9 +14,9 @@
 The actor must be threaded (`max_concurrency` > 1, `runtime.ray_group.ACTOR_OPTIONS`, with which
 `start_worker_actor` and `start_tp_actors` start every worker actor): a
 heartbeat is answered while `start` or `shutdown` runs. A role's class says
-how to build its worker (`make_worker`) and what a follower rank runs
-(`follower_role`). Requests never come over Ray: the router (and every test
-that plays it) calls the control socket.
+how to build its worker (`make_worker`, its maker made by `worker_maker`) and
+what a follower rank runs (`follower_role`). Requests never come over Ray: the
+router (and every test that plays it) calls the control socket.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ import dataclasses
 import logging
 from typing import Callable
 
+from runtime.control_service import ControlService, Decoders
 from runtime.cpu_pinning import pin_this_process
 from runtime.follower import FollowerHost, FollowerRole
 from runtime.hosting import HostedWorker
+from runtime.io_thread import IOThread
 from runtime.load_board import LoadBoard
 from runtime.priority import run_at_normal_priority
 from runtime.worker_config import on_this_node
@@ -47,7 +49,28 @@ def serving_engine(engine_args, name: str, skip_tokenizer_init: bool = False):
     return engine
 
 
+def worker_maker(engine_args, config, calls: Decoders, kv_service: Callable, worker: Callable,
+                 skip_tokenizer_init: bool = False) -> Callable:  # fmt: skip
+    """A role's `(board, deliver) -> LoopWorker`: its serving engine, then its I/O thread, whose services are
+    the role's KV service (`kv_service(engine, board, deliver)`, built on that thread) and the control
+    socket taking the router's `calls`; then `worker(engine, io, board)`, `io.services` being (control, KV)."""
+
+    def make(board, deliver):
+        engine = serving_engine(engine_args, config.name, skip_tokenizer_init)
+
+        def services(io: IOThread) -> list:
+            kv = kv_service(engine, board, deliver)
+            return [ControlService(board, calls, deliver, io.post, config.bind_address), kv]
+
+        return worker(engine, IOThread(f"{config.name}-io", services), board)
+
+    return make
+
+
 class WorkerActor:
+    make_worker: Callable  # staticmethod: (engine_args, config) -> `(board, deliver) -> LoopWorker`, bound on `host`
+    follower_role: type[FollowerRole]  # built with the config: what a follower rank runs beside its forward loop
+
     def __init__(self, engine_args, config, torch_threads: int | None = 1, rank: int | None = None):
         use_cluster_key(config.cluster_key)  # before any socket of this process opens
         run_at_normal_priority(config.name)
@@ -67,16 +90,8 @@ class WorkerActor:
         if rank is None:
             self._host(engine_args)
 
-    def make_worker(self, engine_args) -> Callable:
-        """`(board, deliver) -> LoopWorker` for this role, binding its sockets on `config.host`."""
-        raise NotImplementedError
-
-    def follower_role(self) -> FollowerRole:
-        """What a follower rank of this role runs beside its forward loop."""
-        raise NotImplementedError
-
     def _host(self, engine_args) -> None:
-        self.hosted = HostedWorker(self.name, self.make_worker(engine_args), self.board)
+        self.hosted = HostedWorker(self.name, self.make_worker(engine_args, self.config), self.board)
 
     # ---- tensor parallel start-up --------------------------------------------------
     def free_init_addr(self) -> str:
@@ -91,7 +106,7 @@ class WorkerActor:
         if not self.rank:
             self._host(args)
             return None
-        role = self.follower_role()
+        role = self.follower_role(self.config)
         self.follower = FollowerHost(args.create_engine_config(), role, self.name)
         return role.endpoint()
 
@@ -111,10 +126,10 @@ class WorkerActor:
         return encode(self.board.heartbeat())
 
     def is_idle(self) -> bool:
-        return self.hosted is not None and self.hosted.is_idle()
+        return self.hosted is not None and self.hosted.board.snapshot.idle
 
     def pool_all_free(self) -> bool:
-        return self.hosted.pool_all_free()
+        return self.hosted.board.snapshot.pool_all_free
 
     def shutdown(self) -> bool:
         """Stop, ending what is left; True if nothing was held and every block was free (a follower:

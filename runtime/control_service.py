@@ -25,6 +25,7 @@ from wire.codec import DecodeError, encode
 from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from wire.control import ControlReply, ReplyPayload, read_call
 from wire.socket_security import bind_secured, refuse
+from runtime.io_thread import IOService
 from runtime.load_board import LoadBoard
 
 logger = logging.getLogger("tandem.runtime")
@@ -67,7 +68,7 @@ def payload_of(kind: type) -> Callable[[object], object]:
 request_id_arg = payload_of(str)
 
 
-class ControlService:
+class ControlService(IOService):
     """The ROUTER at `address` ("tcp://host:0" picks a port; `address` says which), CURVE-secured
     with this process's cluster key when it has one."""
 
@@ -85,9 +86,6 @@ class ControlService:
 
     def sockets(self) -> list:
         return [self._sock]
-
-    def next_deadline(self) -> float | None:
-        return None
 
     def service(self) -> None:
         while True:

@@ -34,14 +34,9 @@ def sampling_spec(params: SamplingParams) -> SamplingSpec:
 def kv_spec_for(config: EngineConfig) -> KVSpec:
     """What a KV sender and receiver built from these engine configs must agree on."""
     model = config.model
-    return KVSpec(
-        model=os.path.basename(os.path.normpath(config.model_dir)),
-        dtype=str(config.dtype).removeprefix("torch."),
-        block_size=config.cache.block_size,
-        num_layers=model.num_layers,
-        num_kv_heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-    )
+    return KVSpec(model=os.path.basename(os.path.normpath(config.model_dir)), block_size=config.cache.block_size,
+                  dtype=str(config.dtype).removeprefix("torch."), num_layers=model.num_layers,
+                  num_kv_heads=model.num_kv_heads, head_dim=model.head_dim)  # fmt: skip
 
 
 def token_logprobs(entries: list | None, last: int) -> tuple[TokenLogprob, ...]:

@@ -25,10 +25,16 @@ logger = logging.getLogger("tandem.runtime")
 
 
 class FollowerRole:
-    """What a role runs on a follower rank (subclassed by prefill and decode)."""
+    """What a role runs on a follower rank (subclassed by prefill and decode): on its I/O thread, the rank
+    link's service (`control`, a `runtime.rank_control_service.RankControlService`) and the role's KV service
+    (`kv`, a `runtime.transfer_service.TransferService`)."""
+
+    def __init__(self, config):
+        self.config = config  # the role's worker config: name, addresses and timeouts
+        self.control = self.kv = None  # built by `services`
 
     def services(self, follower: TPFollower, io: IOThread) -> list:
-        """The I/O thread's services (built on that thread)."""
+        """The I/O thread's services (built on that thread): `control` and `kv`."""
         raise NotImplementedError
 
     def connector(self, follower: TPFollower, io: IOThread):
@@ -41,7 +47,7 @@ class FollowerRole:
 
     def is_idle(self) -> bool:
         """Nothing in flight (read after the forward loop ended)."""
-        return True
+        return not self.kv.endpoint.pending()
 
 
 class FollowerHost:

@@ -36,13 +36,6 @@ class HostedWorker:
     def heartbeat(self) -> WorkerLoad:
         return self.board.heartbeat()
 
-    def is_idle(self) -> bool:
-        """Nothing held, as of the loop's last round (no wait)."""
-        return self.board.snapshot.idle
-
-    def pool_all_free(self) -> bool:
-        return self.board.snapshot.pool_all_free
-
     def is_clean(self) -> bool:
         """Asked of the loop itself: idle and every block free right now."""
         return bool(self.loop.call("is_clean"))

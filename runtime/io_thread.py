@@ -20,18 +20,21 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import zmq
 
-from runtime.mailbox import Mailbox
+from runtime.mailbox import STOP, Mailbox
 
 logger = logging.getLogger("tandem.runtime")
 
 
-class IOService(Protocol):
+class IOService:
+    """One service of the I/O thread (the control socket, a KV service, a follower's rank link)."""
+
     def commands(self) -> dict[type, Callable]:
         """Command type -> handler, for the commands of this service's owner."""
+        return {}
 
     def sockets(self) -> list:
         """zmq sockets (or file descriptors) to wait on for reading."""
@@ -41,12 +44,9 @@ class IOService(Protocol):
 
     def next_deadline(self) -> float | None:
         """Monotonic time of its next timer work; None: only when a socket is readable."""
+        return None
 
     def close(self) -> None: ...
-
-
-class _Stop:
-    pass
 
 
 class IOThread:
@@ -65,19 +65,20 @@ class IOThread:
         """From any thread: run `command` on the I/O thread, after every command posted before it."""
         self.mailbox.put(command)
 
-    def run_pending(self) -> None:
-        """On the I/O thread, from a service: run the commands posted so far, now (a control message
-        must not overtake the commands queued before it was sent)."""
+    def run_pending(self) -> bool:
+        """On the I/O thread: run the commands posted so far, now (from a service: a control message must not
+        overtake the commands queued before it was sent); False once the thread is to stop."""
         for command in self.mailbox.take_all():
-            if isinstance(command, _Stop):
+            if command is STOP:
                 self.mailbox.put(command)  # still ends the thread, at the next round
-                return
-            _quietly(lambda: self._handlers[type(command)](command), f"{self.name}: {type(command).__name__}")
+                return False
+            quietly(lambda: self._handlers[type(command)](command), f"{self.name}: {type(command).__name__}")
+        return True
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Close every service on the thread and end it; idempotent."""
         if self._thread.is_alive():
-            self.mailbox.put(_Stop())
+            self.mailbox.put(STOP)
             self._thread.join(timeout_s)
 
     def _run(self, build: Callable[["IOThread"], Sequence[IOService]], ready: Future) -> None:
@@ -93,7 +94,7 @@ class IOThread:
                 pass
         finally:
             for s in services:
-                _quietly(s.close, f"{self.name}: closing {type(s).__name__}")
+                quietly(s.close, f"{self.name}: closing {type(s).__name__}")
             self.mailbox.close()
 
     def _round(self, services: list[IOService]) -> bool:
@@ -102,25 +103,23 @@ class IOThread:
         for s in services:
             for sock in s.sockets():
                 poller.register(sock, zmq.POLLIN)
-        poller.poll(_timeout_ms(services))
-        for command in self.mailbox.take_all():
-            if isinstance(command, _Stop):
-                return False
-            _quietly(lambda: self._handlers[type(command)](command), f"{self.name}: {type(command).__name__}")
+        deadlines = [d for s in services if (d := s.next_deadline()) is not None]
+        poller.poll(ms_until(min(deadlines, default=None)))
+        if not self.run_pending():
+            return False
         for s in services:
-            _quietly(s.service, f"{self.name}: {type(s).__name__}")
+            quietly(s.service, f"{self.name}: {type(s).__name__}")
         return True
 
 
-def _timeout_ms(services: list[IOService]) -> int | None:
-    deadlines = [d for s in services if (d := s.next_deadline()) is not None]
-    if not deadlines:
-        return None  # nothing to do until a socket or a command wakes us
-    return max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
+def ms_until(deadline: float | None) -> int | None:
+    """A poll's timeout in ms until `deadline` (monotonic); None: no timer, wait until a socket or message wakes it."""
+    return None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
 
 
-def _quietly(fn: Callable[[], object], what: str) -> None:
-    """A bug in one command or service must not end the thread that answers heartbeats: log it, go on."""
+def quietly(fn: Callable[[], object], what: str) -> None:
+    """A bug in one command, service or message must not end the thread that runs it (the I/O thread answers
+    heartbeats whatever a step does): log it, go on."""
     try:
         fn()
     except Exception:

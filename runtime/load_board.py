@@ -34,8 +34,7 @@ class LoadBoard:
         self.clock = clock
         self.snapshot = LoopSnapshot(WorkerLoad(name, 0, 0, 0, 0, 0, 0.0), idle=True, pool_all_free=True)
         self.io_counters: Callable[[], dict] = dict  # I/O-thread figures merged into each heartbeat (KV received)
-        self.steps = 0
-        self.failed_in_a_row = 0
+        self.steps = self.failed_in_a_row = 0
         self.longest_step_s = 0.0
         self.step_started_at: float | None = None
         self.router_last_seen = clock()

@@ -16,48 +16,54 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import Future
-from typing import Callable, Protocol
+from typing import Callable
 
 import zmq
 
 from runtime.control_service import Call
+from runtime.io_thread import ms_until, quietly
 from runtime.load_board import LoadBoard, LoopSnapshot
-from runtime.mailbox import Mailbox
+from runtime.mailbox import STOP, Mailbox
 
 logger = logging.getLogger("tandem.runtime")
 
 
-class LoopWorker(Protocol):
+class LoopWorker:
+    """What a loop runs (both roles' `runtime.request_table.RequestTable`, `CallsOnlyWorker`). A method kept as
+    it is here is a worker without that part: no sockets of its own, no engine steps, no timers."""
+
     def handle(self, message) -> None:
         """A message posted to the loop: a `Call` from the router or a lifecycle caller, or an I/O event."""
+        raise NotImplementedError
 
     def sockets(self) -> list:
         """The loop thread's own sockets to wait on (they are read in `read_sockets`)."""
+        return []
 
-    def read_sockets(self) -> None: ...
+    def read_sockets(self) -> None:
+        pass
 
     def has_work(self) -> bool:
         """An engine step to run now."""
+        return False
 
     def step(self) -> bool:
         """One engine step and its outputs; False if the step failed (its requests were ended)."""
+        return True
 
     def next_deadline(self) -> float | None:
         """Monotonic time of its next timer; None: none."""
+        return None
 
     def check_deadlines(self, now: float | None = None) -> None:
         """End what is overdue at `now` (monotonic seconds; None: now): tests pass a time instead of sleeping."""
 
-    def snapshot(self) -> LoopSnapshot: ...
+    def snapshot(self) -> LoopSnapshot:
+        raise NotImplementedError
 
     def close(self) -> None:
         """End every request (clients get a final delta), stop the I/O thread, free sockets."""
-
-
-class _Stop:
-    pass
 
 
 class WorkerLoop:
@@ -90,7 +96,7 @@ class WorkerLoop:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Close the worker on its thread and end the loop; idempotent."""
         if self._thread.is_alive():
-            self.post(_Stop())
+            self.post(STOP)
             self._thread.join(timeout_s)
 
     # ---- the thread ------------------------------------------------------------
@@ -107,7 +113,7 @@ class WorkerLoop:
             while self._round(worker):
                 pass
         finally:
-            _log_errors(worker.close, f"{self.name}: closing")
+            quietly(worker.close, f"{self.name}: closing")
             self.mailbox.close()
 
     def _round(self, worker: LoopWorker) -> bool:
@@ -115,13 +121,13 @@ class WorkerLoop:
         poller.register(self.mailbox.fd, zmq.POLLIN)
         for sock in worker.sockets():
             poller.register(sock, zmq.POLLIN)
-        poller.poll(0 if worker.has_work() else _ms_until(worker.next_deadline()))
+        poller.poll(0 if worker.has_work() else ms_until(worker.next_deadline()))
         for message in self.mailbox.take_all():
-            if isinstance(message, _Stop):
+            if message is STOP:
                 return False
-            _log_errors(lambda: worker.handle(message), f"{self.name}: handling {type(message).__name__}")
-        _log_errors(worker.read_sockets, f"{self.name}: reading its sockets")
-        _log_errors(worker.check_deadlines, f"{self.name}: deadlines")
+            quietly(lambda: worker.handle(message), f"{self.name}: handling {type(message).__name__}")
+        quietly(worker.read_sockets, f"{self.name}: reading its sockets")
+        quietly(worker.check_deadlines, f"{self.name}: deadlines")
         if worker.has_work():
             self.board.step_began()
             ok = False
@@ -134,18 +140,7 @@ class WorkerLoop:
         return True
 
 
-def _ms_until(deadline: float | None) -> int | None:
-    return None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
-
-
-def _log_errors(fn: Callable[[], object], what: str) -> None:
-    try:
-        fn()
-    except Exception:
-        logger.exception("%s failed", what)
-
-
-class CallsOnlyWorker:
+class CallsOnlyWorker(LoopWorker):
     """A `LoopWorker` with no engine and no sockets of its own: it answers each `Call` with
     `getattr(self, method)(arg)` (stub workers of benchmarks, control-plane tests). Subclasses set `load`."""
 
@@ -158,26 +153,5 @@ class CallsOnlyWorker:
             return call.answer(None, err)
         call.answer(result)
 
-    def sockets(self) -> list:
-        return []
-
-    def read_sockets(self) -> None:
-        pass
-
-    def has_work(self) -> bool:
-        return False
-
-    def step(self) -> bool:
-        return True
-
-    def next_deadline(self) -> float | None:
-        return None
-
-    def check_deadlines(self, now: float | None = None) -> None:
-        pass
-
     def snapshot(self) -> LoopSnapshot:
         return LoopSnapshot(self.load, True, True)
-
-    def close(self) -> None:
-        pass

@@ -10,6 +10,8 @@ from __future__ import annotations
 import collections
 import os
 
+STOP = object()  # what a thread's owner posts to end it (`IOThread.stop`, `WorkerLoop.stop`)
+
 
 class Mailbox:
     def __init__(self):

@@ -5,8 +5,8 @@
 
 Before a message is applied, the commands this rank's forward thread queued
 earlier (the transfers of a step it ran) are run: a drop never overtakes the
-order it drops. Reports of transfers ending (`TransferEnded`) go out through
-`report`, which the follower's KV service is given.
+order it drops. The follower's KV service reports through `report`: a
+transfer's end goes to rank 0 (`TransferEnded`), a release stays here.
 """
 
 from __future__ import annotations
@@ -14,25 +14,20 @@ from __future__ import annotations
 from typing import Callable
 
 from runtime.rank_links import RankControl
-from runtime.io_thread import IOThread
+from runtime.io_thread import IOService, IOThread
 from wire.ranks import TransferEnded
 
 
-class RankControlService:
+class RankControlService(IOService):
     def __init__(self, control: RankControl, io: IOThread, handlers: dict[type, Callable]):
         self.control, self.io, self.handlers = control, io, handlers
 
-    def report(self, ended: TransferEnded) -> None:
-        self.control.report(ended)
-
-    def commands(self) -> dict[type, Callable]:
-        return {}
+    def report(self, event) -> None:
+        if isinstance(event, TransferEnded):  # a release is acknowledged by the DropShard's ack instead
+            self.control.report(event)
 
     def sockets(self) -> list:
         return [self.control.socket]
-
-    def next_deadline(self) -> float | None:
-        return None
 
     def service(self) -> None:
         for msg in self.control.poll(0):

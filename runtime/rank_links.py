@@ -32,7 +32,22 @@ class RankTimeout(RuntimeError):
     """A follower rank did not acknowledge a control message in time (stuck or gone)."""
 
 
-class RankLinks:
+class _Link:
+    """Either side's sockets: the PULL it reads (`socket`, for its thread's poller) and the PUSHes it sends on."""
+
+    def __init__(self, kinds: tuple, address: str):
+        self._pull, self._pushers = PullSocket(kinds, address, kind="rank_link"), Pushers()
+
+    @property
+    def socket(self):
+        return self._pull.socket
+
+    def close(self) -> None:
+        self._pull.close()
+        self._pushers.close()
+
+
+class RankLinks(_Link):
     """Rank 0's side, on its loop thread: tell the followers, read their acks and reports as they come.
 
     Only the first exchange (`ReportTo`, at start-up) is waited for; afterwards rank 0 never
@@ -40,19 +55,14 @@ class RankLinks:
     `TransferEnded` reports from `read()` when `socket` is readable."""
 
     def __init__(self, endpoints: list[RankEndpoint], ack_timeout_s: float = 10.0, address: str = "tcp://127.0.0.1:0"):
+        super().__init__((RankAck, TransferEnded), address)
         self.endpoints = {e.rank: e for e in endpoints}
         self.ack_timeout_s = ack_timeout_s
-        self._pull = PullSocket((RankAck, TransferEnded), address, kind="rank_link")
-        self._pushers = Pushers()
         self._connect()
 
     @property
     def ranks(self) -> list[int]:
         return sorted(self.endpoints)
-
-    @property
-    def socket(self):
-        return self._pull.socket
 
     def tell(self, msg) -> None:
         """Send `msg` to every follower without waiting (each acks it with a `RankAck` once applied)."""
@@ -62,10 +72,6 @@ class RankLinks:
     def read(self) -> list[RankAck | TransferEnded]:
         """Acks and reports that arrived since the last read."""
         return self._pull.poll(0)
-
-    def close(self) -> None:
-        self._pull.close()
-        self._pushers.close()
 
     def _connect(self) -> None:
         """Tell every follower where to report; wait (start-up only) until each has, or raise `RankTimeout`."""
@@ -81,19 +87,13 @@ class RankLinks:
                     missing.discard(msg.rank)
 
 
-class RankControl:
+class RankControl(_Link):
     """A follower's side, on its I/O thread: read rank 0's control messages, push acks and reports."""
 
     def __init__(self, rank: int, address: str = "tcp://127.0.0.1:0"):
-        self.rank = rank
-        self._pull = PullSocket(CONTROL_MESSAGES, address, kind="rank_link")
-        self.address = self._pull.address
-        self._pushers = Pushers()
+        super().__init__(CONTROL_MESSAGES, address)
+        self.rank, self.address = rank, self._pull.address
         self._report_to = ""
-
-    @property
-    def socket(self):
-        return self._pull.socket
 
     def poll(self, timeout_ms: int = 0) -> list:
         """Control messages for the caller (ExpectShard, DropShard); it acks each with `ack` once applied."""
@@ -111,10 +111,6 @@ class RankControl:
 
     def report(self, ended: TransferEnded) -> None:
         self._push(ended)
-
-    def close(self) -> None:
-        self._pull.close()
-        self._pushers.close()
 
     def _push(self, msg) -> None:
         if self._report_to:  # before ReportTo rank 0 has asked nothing of us

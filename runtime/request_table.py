@@ -2,24 +2,24 @@
 protocol around it that is the same for prefill and decode.
 
 A role's worker keeps `records` (request id -> its record, which has a `phase`)
-and a class-level `transitions` table, (phase, event) -> the role's method
-`(self, record, event, reason=..., **facts)` that makes the transition.
+and a class-level `transitions` table, phase -> {event: the role's method
+`(self, record, event, reason=..., **facts)` that makes the transition}.
 `on(request_id, event, ...)` is the only way a record changes phase: an event
 its phase does not list is late news (a KV chunk after an abort, a transfer's
 end after a failure) and is ignored, so every failure path is one table entry.
 Calls from the router or a lifecycle caller arrive as `Call`s and go to the
 method their name says (`calls`). A worker holds its requests for the router
 under a `lease` (`runtime.router_lease`): when the router stops calling, every
-record gets the role's `abort_event`.
+record gets the role's `ABORT`.
 
-Shared here, once: the router's abort, attaching the follower ranks, when the
-loop may step (`runtime.arrival_window`) and its next timer, a step whose
-failure ends its requests (`step_failed_event` each), overdue records
-(`overdue`, the role's event and reason for each), and the release of a
-request's blocks by every rank that may touch them: `start_release` asks this
-rank's I/O thread and each follower to let go, `let_go` counts their
-acknowledgements (a follower that does not answer within the ack timeout is
-logged and let go of, `ack_timeout_event`).
+Shared here, once: the loop's messages and the follower ranks' news, the
+router's abort, attaching the follower ranks, when the loop may step
+(`runtime.arrival_window`) and its next timer, a step whose failure ends its
+requests, overdue records (`overdue`, the role's event and reason for each), and
+the release of a request's blocks by every rank that may touch them:
+`start_release` asks this rank's I/O thread and each follower to let go,
+`let_go` counts their acknowledgements (a follower that does not answer within
+the ack timeout is logged and let go of). Every event is the role's (`events`).
 """
 
 from __future__ import annotations
@@ -32,19 +32,21 @@ from engine.llm_engine import EngineStepError, LLMEngine
 from engine.outputs import RequestOutput
 from runtime.arrival_window import ArrivalWindow
 from runtime.control_service import Call
-from runtime.load_board import LoadBoard, LoopSnapshot
+from runtime.load_board import LoadBoard
+from runtime.loop import LoopWorker
 from runtime.rank_links import RankLinks
 from runtime.router_lease import RouterLease, due
+from runtime.transfer_service import Released
 from runtime.worker_config import WorkerConfig
 from wire.codec import decode
-from wire.ranks import DropShard, RankEndpoint
+from wire.ranks import DropShard, RankEndpoint, TransferEnded
 
 logger = logging.getLogger("tandem.worker")
 
 
-class RequestTable:
-    transitions: dict = {}  # (phase, event) -> the role's transition method
-    abort_event = step_failed_event = ack_timeout_event = None  # the role's events of those names
+class RequestTable(LoopWorker):
+    transitions: dict = {}  # phase -> {event: the role's transition method}
+    events = None  # the role's Event enum: ABORT, STEP_FAILED, ACK_TIMEOUT, RELEASED (decode: RANK_ACKED too)
 
     def __init__(self, engine: LLMEngine, config: WorkerConfig, io, board: LoadBoard, control_address: str = ""):
         """`io`: the I/O thread (anything with `post(command)`), owned and closed by the worker; `control_address`:
@@ -62,7 +64,7 @@ class RequestTable:
 
     def on(self, request_id: str, event, reason: str = "", **facts) -> None:
         record = self.records.get(request_id)
-        transition = self.transitions.get((record.phase, event)) if record is not None else None
+        transition = self.transitions.get(record.phase, {}).get(event) if record is not None else None
         if transition is not None:  # else late news for a phase that no longer cares
             transition(self, record, event, reason=reason, **facts)
 
@@ -73,7 +75,7 @@ class RequestTable:
             call.answer(None, err)
 
     def abort(self, call: Call) -> None:
-        self.on(call.arg, self.abort_event, "aborted by the client")
+        self.on(call.arg, self.events.ABORT, "aborted by the client")
         call.answer(None)
 
     def attach_followers(self, call: Call) -> None:
@@ -85,6 +87,31 @@ class RequestTable:
         call.answer(None)
 
     # ---- the loop's (runtime.loop.LoopWorker) -------------------------------------------
+    def handle(self, message) -> None:
+        if isinstance(message, Call):
+            self.take_call(message)
+        elif isinstance(message, TransferEnded):
+            self._transfer_ended(message)
+        elif isinstance(message, Released):
+            self.on(message.request_id, self.events.RELEASED, rank=message.rank)
+
+    def sockets(self) -> list:
+        return [self.ranks.socket] if self.ranks is not None else []
+
+    def read_sockets(self) -> None:
+        """The follower ranks' news: an acknowledgement (decode's ExpectShard, or a DropShard: they let go), or
+        the end of their part of a transfer."""
+        for msg in self.ranks.read() if self.ranks is not None else ():
+            if isinstance(msg, TransferEnded):
+                self._transfer_ended(msg)
+            else:  # RankAck
+                event = self.events.RANK_ACKED if msg.kind == "ExpectShard" else self.events.RELEASED
+                self.on(msg.request_id, event, rank=msg.rank)
+
+    def _transfer_ended(self, ended: TransferEnded) -> None:
+        """A transfer ended on this rank or a follower (the role's event for it)."""
+        raise NotImplementedError
+
     def has_work(self) -> bool:
         return self.window.lets_step(self.engine)
 
@@ -93,12 +120,12 @@ class RequestTable:
 
     def engine_step(self) -> list[RequestOutput] | None:
         """One engine step's outputs; None when it failed (the engine ended those requests and freed what they
-        held; each record hears `step_failed_event`)."""
+        held; each record hears STEP_FAILED)."""
         try:
             return self.engine.step()
         except EngineStepError as err:
             for request_id in err.request_ids:
-                self.on(request_id, self.step_failed_event, str(err))
+                self.on(request_id, self.events.STEP_FAILED, str(err))
             return None
 
     def check_deadlines(self, now: float | None = None) -> None:
@@ -106,7 +133,7 @@ class RequestTable:
         now = time.monotonic() if now is None else now
         if self.records and self.lease.expired(now):
             for request_id in list(self.records):
-                self.on(request_id, self.abort_event, self.lease.reason)
+                self.on(request_id, self.events.ABORT, self.lease.reason)
         for record in due(self.records.values(), now):
             self.on(record.request_id, *self.overdue(record))
 
@@ -127,7 +154,7 @@ class RequestTable:
     def let_go(self, record, event, reason: str, rank: int | None) -> bool:
         """`rank` let go of `record`'s blocks (or the acks timed out: every holder is let go of, logged); True once
         nobody holds them: they may go back to the pool."""
-        if event is self.ack_timeout_event:
+        if event is self.events.ACK_TIMEOUT:
             logger.error("freeing the blocks of %s anyway: %s", record.request_id, reason)
             record.holders.clear()
         record.holders.discard(rank)
@@ -136,6 +163,3 @@ class RequestTable:
     def is_clean(self, call: Call) -> None:
         snap = self.snapshot()
         call.answer(snap.idle and snap.pool_all_free)
-
-    def snapshot(self) -> LoopSnapshot:
-        raise NotImplementedError

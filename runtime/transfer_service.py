@@ -1,7 +1,7 @@
 """What the two roles' KV services on a worker's I/O thread share (`prefill_worker.kv_sending`,
 `decode_worker.kv_receiving`): an endpoint, a `KVSender` or a `KVReceiver`, whose sockets and next deadline
 the I/O thread polls; its ended transfers reported as `TransferEnded`; and the release of a request's
-transfers, acknowledged with `Released` once nothing reads or writes its blocks any more.
+transfers (`Release`), acknowledged with `Released` once nothing reads or writes its blocks any more.
 
 The endpoint belongs to the service: it is closed with it, on the I/O thread.
 """
@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from runtime.io_thread import IOService
 from wire.ranks import TransferEnded
+
+
+@dataclass(frozen=True)
+class Release:
+    request_id: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -22,13 +29,16 @@ class Released:
     rank: int = 0
 
 
-class TransferService:
+class TransferService(IOService):
     def __init__(self, endpoint, report: Callable[[object], None], rank: int):
         self.endpoint, self.report, self.rank = endpoint, report, rank
 
-    def release(self, request_id: str, reason: str) -> None:
-        self.endpoint.abort(request_id, reason)  # a no-op once its transfers ended
-        self.report(Released(request_id, self.rank))
+    def commands(self) -> dict[type, Callable]:
+        return {Release: self.release}
+
+    def release(self, cmd: Release) -> None:
+        self.endpoint.abort(cmd.request_id, cmd.reason)  # a no-op once its transfers ended
+        self.report(Released(cmd.request_id, self.rank))
 
     def sockets(self) -> list:
         return self.endpoint.sockets()

@@ -28,8 +28,7 @@ class DecodeByKVRoom:
     def __init__(self, block_size: int = 16, headroom_blocks: int = 4):
         if block_size < 1 or headroom_blocks < 0:
             raise ValueError("block_size must be >= 1 and headroom_blocks >= 0")
-        self.block_size = block_size
-        self.headroom_blocks = headroom_blocks
+        self.block_size, self.headroom_blocks = block_size, headroom_blocks
 
     def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
         if not workers:

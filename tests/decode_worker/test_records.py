@@ -14,7 +14,6 @@ import pytest
 from decode_worker.kv_receiving import (
     AnswerAfter,
     ExpectKV,
-    ReleaseKV,
 )
 from decode_worker.records import Phase
 from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
@@ -25,7 +24,7 @@ from wire.ranks import DropShard, ExpectShard, RankAck, TransferEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, ReserveRefused
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard
-from runtime.transfer_service import Released
+from runtime.transfer_service import Release, Released
 from tests.conftest import hf_greedy
 from tests.e2e.harness import GREEDY, PROMPTS
 
@@ -144,9 +143,9 @@ def _pool_free(worker: DecodeWorker) -> bool:
 
 
 def test_an_abort_ends_a_request_in_every_phase_but_releasing_where_it_is_ending_already():
-    events = {event for (phase, event) in DecodeWorker.transitions}
-    aborted = {phase for (phase, event) in DecodeWorker.transitions if event is DecodeWorker.abort_event}
-    assert aborted == set(Phase) - {Phase.RELEASING} and DecodeWorker.step_failed_event in events
+    events = {event for by_event in DecodeWorker.transitions.values() for event in by_event}
+    aborted = {phase for phase, by_event in DecodeWorker.transitions.items() if DecodeWorker.events.ABORT in by_event}
+    assert aborted == set(Phase) - {Phase.RELEASING} and DecodeWorker.events.STEP_FAILED in events
 
 
 def test_kv_and_first_token_admit_the_request_which_decodes_to_the_end(rig):
@@ -196,7 +195,7 @@ def test_a_failed_transfer_waits_for_the_release_then_recomputes_here(rig, first
         inbox.queued.append(FirstToken("r", expected[0]))
         worker.read_sockets()
     worker.handle(TransferEnded("r", 0, "failed", reason="sender gone"))
-    assert io.take(ReleaseKV) == [ReleaseKV("r", "KV transfer failed: sender gone")]
+    assert io.take(Release) == [Release("r", "KV transfer failed: sender gone")]
     assert worker.records["r"].phase is Phase.RELEASING and not worker.has_work()
     assert worker.engine.kv_cache.num_free_blocks < 32  # still reserved: the receiver may be writing
     worker.handle(TransferEnded("r", 0, "done"))  # late news for a releasing request: ignored
@@ -229,7 +228,7 @@ def test_every_other_end_of_a_waiting_request_releases_then_ends_it(rig, how):
     else:
         worker.handle(TransferEnded("r", 0, "done"))
         worker.check_deadlines(now=time.monotonic() + 0.02)
-    (release,) = io.take(ReleaseKV)
+    (release,) = io.take(Release)
     assert worker.records["r"].phase is Phase.RELEASING and not pushers.sent
     worker.handle(Released("r"))
     final = _final(pushers, "r")
@@ -263,7 +262,7 @@ def test_tensor_parallel_reserve_is_answered_once_every_rank_acked(rig):
     assert worker.records["r"].phase is Phase.AWAITING_KV  # rank 1's shard has not landed
     ranks.inbox.append(TransferEnded("r", 1, "failed", reason="rejected"))
     worker.read_sockets()  # fails on every rank: both must let go before the recompute
-    assert io.take(ReleaseKV) and isinstance(ranks.told[-1], DropShard)
+    assert io.take(Release) and isinstance(ranks.told[-1], DropShard)
     worker.handle(Released("r"))
     assert worker.records["r"].phase is Phase.RELEASING
     ranks.inbox.append(RankAck("r", 1, "DropShard"))

@@ -17,7 +17,6 @@ from runtime.engine_bridge import sampling_spec
 from wire.ranks import DropShard, RankAck, ShardOrders, TransferEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, PrefillTask, TokenDelta
 from prefill_worker.kv_sending import (
-    ReleaseSend,
     SendLayer,
     StartSend,
 )
@@ -25,7 +24,7 @@ from prefill_worker.records import Phase
 from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard
-from runtime.transfer_service import Released
+from runtime.transfer_service import Release, Released
 from tests.decode_worker.test_records import Answers, FakeIO, FakePushers, FakeRanks
 from tests.e2e.harness import GREEDY, PROMPTS
 
@@ -63,9 +62,9 @@ def _pool_free(worker: PrefillWorker) -> bool:
 
 
 def test_an_abort_ends_a_request_in_every_phase_but_releasing_where_it_is_ending_already():
-    events = {event for (phase, event) in PrefillWorker.transitions}
-    aborted = {phase for (phase, event) in PrefillWorker.transitions if event is PrefillWorker.abort_event}
-    assert aborted == set(Phase) - {Phase.RELEASING} and PrefillWorker.step_failed_event in events
+    events = {event for by_event in PrefillWorker.transitions.values() for event in by_event}
+    aborted = {phase for phase, by_event in PrefillWorker.transitions.items() if PrefillWorker.events.ABORT in by_event}
+    assert aborted == set(Phase) - {Phase.RELEASING} and PrefillWorker.events.STEP_FAILED in events
 
 
 def test_the_forward_opens_the_transfer_ships_each_layer_and_hands_the_first_token_over(rig):
@@ -92,7 +91,7 @@ def test_a_failed_transfer_is_released_by_the_sender_before_the_blocks_go_and_de
     worker.step()
     io.posted.clear()
     worker.handle(TransferEnded("r", 0, kind, DECODE, "receiver silent"))
-    (release,) = io.take(ReleaseSend)
+    (release,) = io.take(Release)
     assert worker.records["r"].phase is Phase.RELEASING and not _failures(pushers)
     assert worker.engine.kv_cache.num_free_blocks < 32
     worker.handle(TransferEnded("r", 0, "done", DECODE))  # late news: ignored
@@ -110,7 +109,7 @@ def test_an_abort_while_queued_frees_at_once_and_while_sending_after_the_release
     worker.step()
     io.posted.clear()
     worker.handle(Call("abort", "sending", Answers()))
-    assert io.take(ReleaseSend) and worker.records["sending"].phase is Phase.RELEASING
+    assert io.take(Release) and worker.records["sending"].phase is Phase.RELEASING
     worker.handle(Released("sending"))
     assert _pool_free(worker) and not _failures(pushers)  # an abort is nothing decode must hear of
 
@@ -144,7 +143,7 @@ def test_tensor_parallel_orders_ride_on_the_step_and_every_rank_lets_go_before_t
     assert worker.records["r"].transfers == {(0, DECODE), (1, DECODE)}  # both ranks' heads go to decode
     worker.handle(TransferEnded("r", 0, "done", DECODE))
     worker.handle(Call("abort", "r", Answers()))
-    assert isinstance(ranks.told[-1], DropShard) and io.take(ReleaseSend)
+    assert isinstance(ranks.told[-1], DropShard) and io.take(Release)
     worker.handle(Released("r"))
     assert worker.records["r"].phase is Phase.RELEASING  # rank 1 has not let go yet
     ranks.inbox.append(RankAck("r", 1, "DropShard"))

@@ -27,7 +27,7 @@ def test_deltas_arriving_out_of_order_come_out_in_order():
         await asyncio.sleep(0.05)
         prefill.send(stream.address, TokenDelta("a", 0, (10,), logprobs=(TokenLogprob(-0.5),)))
         chunks = [c async for c in outputs.chunks()]
-        stream.fail("b", "worker decode-0 failed")
+        other.put(StreamFailed("worker decode-0 failed"))
         with pytest.raises(StreamFailed):
             [c async for c in other.chunks()]
         decode.close(), prefill.close()
