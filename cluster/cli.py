@@ -49,6 +49,7 @@ _FLAG_FIELDS = {
     "max_request_body_bytes": "router.max_request_body_bytes",
     "max_predicted_ttft_s": "router.max_predicted_ttft_s",
     "tool_call_parser": "router.tool_call_parser",
+    "shutdown_grace_s": "router.shutdown_grace_s",
     "num_prefill": "prefill.replicas",
     "num_decode": "decode.replicas",
     "kv_transfer_failure": "kv_transfer_failure",
@@ -70,6 +71,9 @@ def _serve_parser(sub) -> None:
                    help="a failed KV transfer: decode prefills the prompt itself (default) or the request fails")
     _api_key_flag(p, "required on /v1/* as `Authorization: Bearer KEY` (/admin/* takes the admin token)")
     p.add_argument("--max-request-body-bytes", type=int, help="larger HTTP bodies get 413 (default 8 MiB)")
+    p.add_argument("--shutdown-grace-s", type=float,
+                   help="on SIGTERM or Ctrl-C, new requests get 503 and /health fails while what is in flight "
+                        "finishes, for at most this long; then everything stops (default 30; a second signal: now)")
     p.add_argument("--tool-call-parser", choices=sorted(PARSERS),
                    help="how tool_choice auto reads tool calls in the model's output (default: auto is refused)")
 
@@ -159,6 +163,8 @@ def serve(args: argparse.Namespace) -> None:
         lifeline.wait()
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or the lifeline interrupting a start-up gone for good
         print(_ending(lifeline), flush=True)
+        if deployment is not None and lifeline.gone is None:
+            _drain(deployment, spec.router.shutdown_grace_s)
     except Exception:
         if not lifeline.confirm_gone():
             raise  # failed on its own account: main says why (what started is stopped below)
@@ -174,6 +180,18 @@ def serve(args: argparse.Namespace) -> None:
     print("tandem: stopped", flush=True)
     if gone is not None:
         raise gone  # main: the message, status 1
+
+
+def _drain(deployment, grace_s: float) -> None:
+    """Let what is in flight finish (new requests: 503) for at most `grace_s`; a second signal ends it now."""
+    print(f"tandem: draining: new requests get 503; waiting up to {grace_s:g} s for those in flight "
+          "(Ctrl-C again to stop now)", flush=True)  # fmt: skip
+    try:
+        left = deployment.drain(grace_s)
+    except KeyboardInterrupt:
+        left = deployment.in_flight()
+    if left:
+        print(f"tandem: {left} sequence(s) still in flight: they end with an error", flush=True)
 
 
 def _keep_off_worker_cores(spec, machines) -> None:

@@ -136,6 +136,20 @@ class Deployment:
                 raise TimeoutError(f"{self.url}/health did not become ready")
             time.sleep(0.1)
 
+    def drain(self, grace_s: float) -> int:
+        """Close the router's admission (new requests: 503, /health fails) and wait up to `grace_s` for the
+        sequences in flight to end; how many are left (0: all ended). The workers keep serving: `stop` after."""
+        admission = self.app.state.router.runner.admission
+        self.server.call(lambda: admission.close("the server is shutting down"))
+        deadline = time.monotonic() + grace_s
+        while self.in_flight() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.in_flight()
+
+    def in_flight(self) -> int:
+        """Sequences the router has admitted and not yet ended."""
+        return self.server.call(lambda: self.app.state.router.runner.admission.in_use)
+
     def stop(self, ray_alive: bool = True) -> None:
         """Every worker and the controller stopped, then the router. `ray_alive=False`: the Ray cluster is
         gone (and every worker with it), only the router is left to stop. Once: later calls do nothing."""

@@ -57,7 +57,9 @@ class RouterState:
         return bool(self.registry.pickable("decode"))
 
     def check_ready(self) -> None:
-        """Raise the 503 (OpenAI's error format) that /health and /v1/models answer before `ready()`."""
+        """Raise the 503 (OpenAI's error format) that /health and /v1/models answer before `ready()`, and once
+        admission is closed (the server is draining: load balancers stop sending)."""
+        self.runner.admission.check_open()
         if not self.ready():
             raise APIError(503, "not ready: no decode worker is alive", code="no_live_worker")
 

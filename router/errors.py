@@ -57,6 +57,9 @@ def internal_error(what: str, detail: object, status: int = 500, code: str = "in
     return APIError(status, f"{what} (error id {error_id})", code=code)
 
 
+NO_CAPACITY_RETRY_AFTER_S = 1  # as the 429s' (`RouterConfig.retry_after_s`): KV frees as streams end
+
+
 def from_dispatch(err: Exception) -> APIError:
     """The HTTP form of what `Dispatcher.start` or a generation raised."""
     if isinstance(err, APIError):
@@ -65,8 +68,10 @@ def from_dispatch(err: Exception) -> APIError:
         return APIError(429, str(err), code="too_many_requests", headers={"Retry-After": str(err.retry_after_s)})
     if isinstance(err, NoLiveWorker):
         return APIError(503, str(err), code="no_live_worker")
-    if isinstance(err, HandoffError):
-        return APIError(503, str(err), code="no_capacity") if err.retryable else bad_request(str(err))
+    if isinstance(err, HandoffError):  # decode stayed full through the reserve's wait: a client may come back
+        if not err.retryable:
+            return bad_request(str(err))
+        return APIError(503, str(err), code="no_capacity", headers={"Retry-After": str(NO_CAPACITY_RETRY_AFTER_S)})
     if isinstance(err, RequestFailedSteps):  # the request's own fault: its 400, and no worker's
         return APIError(400, str(err), code="request_failed_steps")
     if isinstance(err, (WorkerFailed, StreamFailed)):

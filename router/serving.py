@@ -34,12 +34,17 @@ class Admission:
     This is the bound of every queue behind the router: the prefill and decode workers' waiting
     queues, the decode inboxes and the token stream's per-request queues only ever hold admitted
     sequences (the workers' queues hold no more than all of them; each per-request queue no more
-    than its own output), so a flood of requests costs the router a 429 each, nothing more."""
+    than its own output), so a flood of requests costs the router a 429 each, nothing more.
+
+    Closed (`close`, when the server is going away) it refuses every new request (503) while what it
+    admitted runs to its end: `in_use` says how much is left."""
 
     def __init__(self, limit: int, retry_after_s: int):
         self.limit, self.retry_after_s, self.in_use = limit, retry_after_s, 0
+        self.closed_because: str | None = None
 
     def admit(self, n: int) -> None:
+        self.check_open()
         if self.in_use + n > self.limit:
             raise APIError(429, f"the server is at its limit of {self.limit} sequences in flight; retry later",
                            code="too_many_requests", headers={"Retry-After": str(self.retry_after_s)})  # fmt: skip
@@ -47,6 +52,14 @@ class Admission:
 
     def release(self, n: int) -> None:
         self.in_use -= n
+
+    def close(self, reason: str) -> None:
+        """Admit nothing more (503 `reason`); once: a later close keeps the first reason."""
+        self.closed_because = self.closed_because or reason
+
+    def check_open(self) -> None:
+        if self.closed_because is not None:
+            raise APIError(503, self.closed_because, code="shutting_down")
 
 
 @dataclass

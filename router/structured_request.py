@@ -19,6 +19,11 @@ import json
 from router.api_models import _GenerationFields
 from router.errors import bad_request
 
+# A schema nested deeper than this is refused before it is parsed further, dumped or compiled: Python's JSON
+# coder recurses (a string of 100,000 brackets was a RecursionError, a 500), and xgrammar has crashed on deep
+# grammars (Dynamo caps their nesting at 500). Real schemas nest a few levels.
+MAX_SCHEMA_DEPTH = 128
+
 # vLLM's structured_outputs keys, each the kind it asks for
 STRUCTURED_OUTPUTS_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
@@ -85,11 +90,28 @@ def _spec(kind: str, value, field: str) -> tuple[str, str]:
 
 def _schema_text(schema, field: str) -> str:
     """A JSON schema as JSON text: given as an object, or as the text of one."""
+    too_deep = bad_request(f"{field} is nested deeper than {MAX_SCHEMA_DEPTH} levels", field)
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except ValueError:
             raise bad_request(f"{field} is not valid JSON", field) from None
+        except RecursionError:  # deeper than the parser goes, so deeper than the bound
+            raise too_deep from None
     if not isinstance(schema, dict):
         raise bad_request(f"{field} must be a JSON schema object", field)
+    if _depth(schema) > MAX_SCHEMA_DEPTH:
+        raise too_deep
     return json.dumps(schema)
+
+
+def _depth(value) -> int:
+    """How deep a parsed JSON value nests, without recursion (a deep one must not overflow the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_SCHEMA_DEPTH:  # past the bound, deeper makes no difference
+                stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest

@@ -77,7 +77,8 @@ def tool_use_from(body: ChatCompletionRequest, parser: str | None) -> ToolUse | 
             raise bad_request("tool_choice needs tools", "tool_choice")
         return None
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        function = choice.get("function") if choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
         if not any(t["function"]["name"] == name for t in tools):
             raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
         return _constrained(body, ToolUse(tools, "named", name, parallel=body.parallel_tool_calls))
@@ -92,21 +93,28 @@ def tool_use_from(body: ChatCompletionRequest, parser: str | None) -> ToolUse | 
 
 def messages_for_template(messages: list[dict]) -> list[dict]:
     """The messages as chat templates expect them: an assistant's earlier tool calls with their arguments as
-    objects (OpenAI sends them as JSON text; templates write them with `tojson`)."""
-    return [_with_argument_objects(m) if m.get("tool_calls") else m for m in messages]
+    objects (OpenAI sends them as JSON text; templates write them with `tojson`); 400 for calls that are not
+    `{"function": {...}, ...}` objects."""
+    return [_with_argument_objects(m, i) if m.get("tool_calls") else m for i, m in enumerate(messages)]
 
 
-def _with_argument_objects(message: dict) -> dict:
-    calls = []
-    for call in message["tool_calls"]:
-        function = dict(call.get("function") or {})
-        if isinstance(function.get("arguments"), str):
-            try:
-                function["arguments"] = json.loads(function["arguments"])
-            except ValueError:
-                pass  # not JSON: the template gets the text as it came
-        calls.append({**call, "function": function})
+def _with_argument_objects(message: dict, index: int) -> dict:
+    calls = message["tool_calls"]
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function", {}), dict)
+                                              for c in calls):  # fmt: skip
+        raise bad_request(f"messages[{index}].tool_calls must be a list of "
+                          '{"type": "function", "function": {...}} objects', "messages")  # fmt: skip
+    calls = [{**call, "function": _arguments_as_object(dict(call.get("function") or {}))} for call in calls]
     return {**message, "tool_calls": calls}
+
+
+def _arguments_as_object(function: dict) -> dict:
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except (ValueError, RecursionError):
+            pass  # not JSON (or nested past the parser): the template gets the text as it came
+    return function
 
 
 def _constrained(body: ChatCompletionRequest, use: ToolUse) -> ToolUse:

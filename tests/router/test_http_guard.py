@@ -116,6 +116,14 @@ def test_a_body_over_the_limit_gets_413(router):
         assert http.post("/v1/completions", json=small).status_code == 503  # under the limit: through
 
 
+def test_decode_full_is_a_503_with_retry_after_and_a_request_that_can_never_fit_a_400():
+    from router.handoff import HandoffError
+
+    full = from_dispatch(HandoffError("decode-0 has no free KV blocks", retryable=True))
+    assert (full.status, full.code, full.headers) == (503, "no_capacity", {"Retry-After": "1"})
+    assert from_dispatch(HandoffError("the prompt needs more blocks than decode-0 has")).status == 400
+
+
 def test_an_internal_failure_shows_an_error_id_and_no_internals(caplog):
     secret = "Traceback (most recent call last):\n  File 'engine/x.py', line 3\nKeyError: 'kv_cache'"
     with caplog.at_level(logging.ERROR, logger="tandem.router"):

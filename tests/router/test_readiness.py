@@ -58,3 +58,16 @@ def test_a_decode_worker_alone_is_ready_since_it_prefills_itself(server):
     server.call(lambda: registry.register("decode-0", "decode", FakeWorker()))
     with httpx.Client(base_url=server.url) as http:
         assert http.get("/health").status_code == 200 and http.get("/v1/models").status_code == 200
+
+
+def test_a_closed_admission_fails_health_and_refuses_new_requests_with_503(server):
+    registry, admission = server.app.state.router.registry, server.app.state.router.runner.admission
+    server.call(lambda: registry.register("decode-0", "decode", FakeWorker()))
+    server.call(lambda: admission.close("the server is shutting down"))
+    with httpx.Client(base_url=server.url) as http:
+        for response in (http.get("/health"), http.get("/v1/models"),
+                         http.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})):
+            assert response.status_code == 503, response.text
+            error = response.json()["error"]
+            assert (error["code"], error["message"]) == ("shutting_down", "the server is shutting down")
+    assert admission.in_use == 0  # refused before anything was held

@@ -54,6 +54,7 @@ def test_finished_text_becomes_content_or_calls():
     ({"tools": [{"type": "function", "function": {"name": ""}}], "tool_choice": "none"}, None, "name"),
     ({"tools": [{"type": "retrieval"}], "tool_choice": "none"}, None, "tools[0]"),
     ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, None, "constrains the output itself"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": "f"}}, None, "not among the tools"),
 ])  # fmt: skip
 def test_bad_tools_and_choices_are_a_400(fields, parser, words):
     with pytest.raises(APIError) as refused:
@@ -68,3 +69,10 @@ def test_earlier_calls_reach_the_template_with_argument_objects():
     out = messages_for_template(messages)
     assert out[0]["tool_calls"][0]["function"]["arguments"] == {"a": 1} and out[1] == messages[1]
     assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # the request's own untouched
+
+
+@pytest.mark.parametrize("tool_calls", [[1], "f", [{"function": "f"}], [{"function": [1]}]])
+def test_earlier_calls_that_are_not_call_objects_are_a_400(tool_calls):
+    with pytest.raises(APIError) as refused:
+        messages_for_template([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": tool_calls}])
+    assert refused.value.status == 400 and "messages[1].tool_calls" in refused.value.message

@@ -30,3 +30,12 @@ def test_llama3_json_that_is_not_only_calls_is_content():
     for text in ("The answer is 4.", '{"name": "f", "parameters": {}} and then some words', '{"not": "a call"}',
                  '{"name": "f", "parameters": {'):  # fmt: skip
         assert parse_llama3_json(text) == (text, [])
+
+
+def test_hermes_reads_hostile_output_as_content_in_one_pass():
+    # Whitespace after the tag was quadratic for the old regex (4,000 spaces: 156 ms on the event loop), and
+    # brackets nested past Python's JSON parser were a RecursionError (a 500): both are content now.
+    for text in ("<tool_call>" + " " * 200_000 + "x", "<tool_call>" + "[" * 100_000):
+        assert parse_hermes(text) == (text, [])
+    spaced = "<tool_call>" + " " * 50_000 + '{"name": "f", "arguments": {}}' + " " * 50_000 + "</tool_call>"
+    assert parse_hermes(spaced) == (None, [("f", {})])
