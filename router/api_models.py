@@ -113,10 +113,6 @@ class ChatCompletionRequest(_GenerationFields):
     top_logprobs: int | None = None
     parallel_tool_calls: bool = True  # False: at most one tool call per choice
 
-    @property
-    def max_tokens_asked(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
 
 # ---- responses --------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.routing import Match
 
 from router.api_models import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
@@ -72,7 +72,7 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
     stream = TokenStreamConsumer(config.stream_address, config.cluster_key, registry.sender_name)
     metrics = RouterMetrics(registry)
     dispatcher = Dispatcher(registry, stream, config.colocated, config.handoff, config.max_resumes,
-                            config.local_prefill, metrics.local_prefill_started,
+                            config.local_prefill, lambda reason: metrics.local_prefills.labels(reason).inc(),
                             config.max_predicted_ttft_s)  # fmt: skip
     admission = Admission(config.max_in_flight, config.retry_after_s)
     metrics.in_flight.set_function(lambda: admission.in_use)
@@ -131,7 +131,7 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus():
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

@@ -21,8 +21,7 @@ def block_keys(tokens: Sequence[int], block_size: int) -> list[int]:
         raise ValueError(f"block_size must be at least 1, got {block_size}")
     if not isinstance(tokens, (list, tuple)):
         tokens = list(tokens)
-    keys = []
-    key = ROOT_KEY
+    keys, key = [], ROOT_KEY
     for start in range(0, len(tokens) - block_size + 1, block_size):
         key = hash((key, tuple(tokens[start : start + block_size])))
         keys.append(key)

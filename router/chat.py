@@ -31,7 +31,7 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
     messages = messages_for_template([m.model_dump(exclude_none=True) for m in body.messages])
     prompt = await model.encode_chat_async(messages, tools=list(tools.tools) if tools else None)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    max_tokens = model.max_tokens_for(len(prompt), body.max_tokens_asked, param)
+    max_tokens = model.max_tokens_for(len(prompt), getattr(body, param), param)
     sampling = sampling_from(body, model.vocab_size, max_tokens, (body.top_logprobs or 0) if body.logprobs else None,
                              structured=tools.structured if tools is not None else None,
                              names={"logprobs": "top_logprobs", "max_tokens": param})  # fmt: skip

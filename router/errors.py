@@ -25,9 +25,7 @@ from router.ttft_prediction import FirstTokenTooLate
 
 logger = logging.getLogger("tandem.router")
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
-          500: "internal_error", 503: "service_unavailable"}  # fmt: skip
+_TYPES = {429: "rate_limit_exceeded", 500: "internal_error", 503: "service_unavailable"}  # else invalid_request_error
 
 
 class APIError(Exception):
@@ -92,16 +90,8 @@ def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
     return bad_request(message, param).response()
 
 
-def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    return APIError(exc.status_code, str(exc.detail)).response()
-
-
-def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-    return from_dispatch(exc).response()
-
-
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, lambda _, exc: exc.response())
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(StarletteHTTPException, lambda _, e: APIError(e.status_code, str(e.detail)).response())
+    app.add_exception_handler(Exception, lambda _, exc: from_dispatch(exc).response())

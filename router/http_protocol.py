@@ -83,7 +83,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._write_deadline: asyncio.TimerHandle | None = None
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
-            self._refuse(transport)
+            message = f"the server is at its limit of {self.max_connections} connections; retry later"
+            transport.write(_error(503, message, "too_many_connections"))
+            transport.close()
             return
         self._arm(self.limits.header_timeout_s, "headers")
 
@@ -140,11 +142,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.abort()  # what the client did not read is dropped, not flushed
         else:
             self.transport.close()
-
-    def _refuse(self, transport: asyncio.Transport) -> None:
-        message = f"the server is at its limit of {self.max_connections} connections; retry later"
-        transport.write(_error(503, message, "too_many_connections"))
-        transport.close()
 
 
 def _error(status: int, message: str, code: str) -> bytes:

@@ -18,8 +18,9 @@ Each app gets its own `CollectorRegistry`, so several routers can live in one pr
 from __future__ import annotations
 
 import time
+from functools import partial
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from wire.socket_security import refusals
@@ -42,33 +43,26 @@ _TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
 class RouterMetrics:
     def __init__(self, workers: WorkerRegistry):
         r = self.registry = CollectorRegistry()
-        self.ttft = Histogram("tandem:time_to_first_token_seconds", "Time to first token.", buckets=_LATENCY_BUCKETS,
-                              registry=r)  # fmt: skip
+        latency = partial(Histogram, buckets=_LATENCY_BUCKETS, registry=r)
+        counter = partial(Counter, registry=r)
+        self.ttft = latency("tandem:time_to_first_token_seconds", "Time to first token.")
         self.tpot = Histogram("tandem:time_per_output_token_seconds", "Time per output token after the first.",
                               buckets=_TPOT_BUCKETS, registry=r)  # fmt: skip
-        self.e2e = Histogram("tandem:e2e_request_latency_seconds", "End-to-end latency of one sequence.",
-                             buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.finished = Counter("tandem:request_success", "Sequences ended, by finish reason.", ["finished_reason"],
-                                registry=r)  # fmt: skip
-        self.http = Counter("tandem:http_requests", "HTTP responses, by endpoint and status.", ["endpoint", "status"],
-                            registry=r)  # fmt: skip
-        self.prompt_tokens = Counter("tandem:prompt_tokens", "Prompt tokens of finished sequences.", registry=r)
-        self.generation_tokens = Counter("tandem:generation_tokens", "Generated tokens.", registry=r)
-        self.cache_queries = Counter("tandem:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                                     registry=r)  # fmt: skip
-        self.cache_hits = Counter("tandem:prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r)
-        self.local_prefills = Counter("tandem:local_prefill_fallbacks",
+        self.e2e = latency("tandem:e2e_request_latency_seconds", "End-to-end latency of one sequence.")
+        self.finished = counter("tandem:request_success", "Sequences ended, by finish reason.", ["finished_reason"])
+        self.http = counter("tandem:http_requests", "HTTP responses, by endpoint and status.", ["endpoint", "status"])
+        self.prompt_tokens = counter("tandem:prompt_tokens", "Prompt tokens of finished sequences.")
+        self.generation_tokens = counter("tandem:generation_tokens", "Generated tokens.")
+        self.cache_queries = counter("tandem:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.cache_hits = counter("tandem:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.local_prefills = counter("tandem:local_prefill_fallbacks",
                                       "Sequences a decode worker prefilled itself because no prefill worker could "
-                                      "take them, by reason (router.local_prefill).",
-                                      ["reason"], registry=r)  # fmt: skip
+                                      "take them, by reason (router.local_prefill).", ["reason"])  # fmt: skip
         self.in_flight = Gauge("tandem:num_sequences_in_flight", "Admitted sequences not yet ended.", registry=r)
-        self.phases = {name: Histogram(f"tandem:request_{name}_time_seconds", what, buckets=_LATENCY_BUCKETS, registry=r)
-                       for name, what in _PHASES.items()}  # fmt: skip
-        self.phase_errors = Counter("tandem:request_phase_accounting_errors",
-                                    "Sequences whose workers' phases exceeded the router's interval (a bug).",
-                                    registry=r)  # fmt: skip
+        self.phases = {name: latency(f"tandem:request_{name}_time_seconds", what) for name, what in _PHASES.items()}
+        self.phase_errors = counter("tandem:request_phase_accounting_errors",
+                                    "Sequences whose workers' phases exceeded the router's interval (a bug).")
         r.register(_WorkerCollector(workers))
-        r.register(_RefusalCollector(workers))
 
     def sequence_finished(self, arrived: float, first_token_at: float | None, final, phases=None,
                           now: float | None = None) -> None:  # fmt: skip
@@ -89,14 +83,6 @@ class RouterMetrics:
         self.cache_queries.inc(final.num_prompt_tokens)
         self.cache_hits.inc(final.num_cached_tokens)
 
-    def local_prefill_started(self, reason: str) -> None:
-        """The dispatcher sent a sequence (or a resumed attempt of one) to decode with no prefill worker."""
-        self.local_prefills.labels(reason).inc()
-
-    def sequence_aborted(self) -> None:
-        """A sequence ended before its final delta (client gone, error): counted as `abort`."""
-        self.finished.labels("abort").inc()
-
     def latency_totals(self) -> dict[str, tuple[float, float]]:
         """Cumulative (sum of seconds, count) of TTFT and TPOT: an autoscaler diffs two readings for a mean."""
         read = self.registry.get_sample_value
@@ -104,12 +90,10 @@ class RouterMetrics:
                 for name, metric in (("ttft", "tandem:time_to_first_token_seconds"),
                                      ("tpot", "tandem:time_per_output_token_seconds"))}  # fmt: skip
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
-
 
 class _WorkerCollector:
-    """Per-worker gauges from the registry's last `load()` reports and the router's own counts."""
+    """Per-worker gauges from the registry's last `load()` reports and the router's own counts, and what
+    internal sockets refused."""
 
     def __init__(self, workers: WorkerRegistry):
         self._workers = workers
@@ -145,22 +129,17 @@ class _WorkerCollector:
                         family.add_metric(labels, getattr(w.load, name))
         yield from families.values()
         yield from transfers.values()
+        yield self._refusals()
 
-
-class _RefusalCollector:
-    """What internal sockets refused (`wire.socket_security.refusals`), by process, socket and reason: this
-    router's own (worker "router") and each worker's, from its latest heartbeat."""
-
-    def __init__(self, workers: WorkerRegistry):
-        self.workers = workers
-
-    def collect(self):
+    def _refusals(self) -> CounterMetricFamily:
+        """What internal sockets refused (`wire.socket_security.refusals`), by process, socket and reason: this
+        router's own (worker "router") and each worker's, from its latest heartbeat."""
         family = CounterMetricFamily("tandem:internal_messages_refused",
                                      "Internal ZMQ messages or connections refused and dropped, by process, socket "
                                      "and reason.", labels=["worker", "socket", "reason"])  # fmt: skip
         for (kind, reason), count in sorted(refusals().items()):
             family.add_metric(["router", kind, reason], count)
-        for w in list(self.workers.workers.values()):
+        for w in list(self._workers.workers.values()):
             for kind, reason, count in w.load.refused if w.load is not None else ():
                 family.add_metric([w.name, kind, reason], count)
-        yield family
+        return family

@@ -70,12 +70,7 @@ class PrefixTree:
         generations = self._workers.get(worker)
         if generations is None:
             return 0
-        matched = 0
-        for key in keys:
-            if key not in generations:
-                break
-            matched += 1
-        return matched
+        return next((i for i, key in enumerate(keys) if key not in generations), len(keys))
 
     def num_blocks(self, worker: str) -> int:
         """Blocks remembered for `worker` (a block in both generations counts twice)."""

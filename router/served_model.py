@@ -91,13 +91,12 @@ class ServedModel:
                               f"{self.max_model_len} tokens", param)  # fmt: skip
 
     def check_ids(self, token_ids: list[int], param: str = "prompt") -> None:
-        vocab = self.vocab_size
         if not token_ids:
             raise bad_request("the prompt is empty", param)
         if len(token_ids) >= self.max_model_len:  # before the scan: a huge list is refused for its length alone
             self.max_tokens_for(len(token_ids), None)
-        if any(not 0 <= t < vocab for t in token_ids):
-            raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
+        if any(not 0 <= t < self.vocab_size for t in token_ids):
+            raise bad_request(f"prompt token ids must be in [0, {self.vocab_size})", param)
 
     def max_tokens_for(self, prompt_len: int, asked: int | None, param: str = "max_tokens") -> int:
         """Output tokens allowed: `asked`, or all the context the prompt leaves; 400 when that does not fit."""

@@ -150,7 +150,7 @@ class RunningRequest:
         self._closed = True
         for choice in self.choices:
             if choice.final is None:
-                self.runner.metrics.sequence_aborted()
+                self.runner.metrics.finished.labels("abort").inc()  # ended before its final delta (client gone, error)
             choice.generation.close()
         self.runner.admission.release(len(self.choices))
 

@@ -64,10 +64,8 @@ class SSEStream(Response):
         try:
             async for payload in self.payloads:
                 if not self._add(event(payload)):
-                    cut = APIError(503, f"the client fell more than {self.max_backlog_bytes} bytes behind "
+                    raise APIError(503, f"the client fell more than {self.max_backlog_bytes} bytes behind "
                                    "this stream; it was cut off", code="stream_backlog_exceeded")  # fmt: skip
-                    self._add(event(cut.body()), bounded=False)
-                    break
         except APIError as err:
             self._add(event(err.body()), bounded=False)
         except Exception as err:  # a bug: logged with an id the client gets

@@ -68,12 +68,6 @@ class RequestTable(LoopWorker):
         if transition is not None:  # else late news for a phase that no longer cares
             transition(self, record, event, reason=reason, **facts)
 
-    def take_call(self, call: Call) -> None:
-        try:
-            self.calls[call.method](call)
-        except Exception as err:  # ValueError: the caller's fault; anything else a bug the caller hears of
-            call.answer(None, err)
-
     def abort(self, call: Call) -> None:
         self.on(call.arg, self.events.ABORT, "aborted by the client")
         call.answer(None)
@@ -89,7 +83,10 @@ class RequestTable(LoopWorker):
     # ---- the loop's (runtime.loop.LoopWorker) -------------------------------------------
     def handle(self, message) -> None:
         if isinstance(message, Call):
-            self.take_call(message)
+            try:
+                self.calls[message.method](message)
+            except Exception as err:  # ValueError: the caller's fault; anything else a bug the caller hears of
+                message.answer(None, err)
         elif isinstance(message, TransferEnded):
             self._transfer_ended(message)
         elif isinstance(message, Released):

@@ -127,28 +127,50 @@ def vllm_bench(url: str, tokenizer: str, flags: list[str] | tuple[str, ...], see
 
 @contextlib.contextmanager
 def tandem_serve(model: str | None, log_path: Path, start_timeout_s: float = 900.0, flags: tuple[str, ...] = ()):
-    """`tandem serve` exactly as the README starts it (plus a free port, --model when given and `flags`)."""
+    """`tandem serve` exactly as the README starts it (plus a free port, --model when given and `flags`).
+
+    The port is free when chosen and may be taken before `serve` binds it (a Ray process's ephemeral port):
+    then `serve` exits at once saying so, and is started again on another."""
+    for tries_left in reversed(range(3)):
+        proc, url = _start_serve(model, log_path, flags)
+        try:
+            _wait_healthy(proc, url, log_path, start_timeout_s)
+            break
+        except RuntimeError:
+            _stop_serve(proc)
+            if tries_left == 0 or "Address already in use" not in log_path.read_text():
+                raise
+    try:
+        yield url
+    finally:
+        _stop_serve(proc)
+
+
+def _start_serve(model: str | None, log_path: Path, flags: tuple[str, ...]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "cluster.cli", "serve", "--port", str(port), *(["--model", model] if model else []),
            *flags]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not _get(f"{url}/health"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"tandem serve did not start (see {log_path})")
+        time.sleep(1)
+
+
+def _stop_serve(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)  # its own clean stop: workers, router, Ray
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while not _get(f"{url}/health"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"tandem serve did not start (see {log_path})")
-            time.sleep(1)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGINT)  # its own clean stop: workers, router, Ray
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def chosen_layout(log_path: Path) -> str:
