@@ -229,13 +229,14 @@ class AdminError(RuntimeError):
 
 
 def _admin(url: str, path: str, body: dict | None = None, token: str | None = None) -> dict:
-    """Call an admin endpoint with `token`, or the one `tandem serve` wrote for that URL's port."""
+    """Call an admin endpoint with `token`, or the one `tandem serve` wrote for that URL's address."""
     from cluster.admin_token import read_token, token_path
 
     token = token or read_token(url)
     if token is None:
-        raise AdminError(f"no admin token for {url}: `tandem serve` writes one to {token_path(0).parent}/<port>.token "
-                         "on its machine; pass it with --admin-token")  # fmt: skip
+        raise AdminError(f"no admin token for {url}: `tandem serve` writes one to "
+                         f"{token_path('host', 0).parent}/<host>-<port>.token on its machine; pass it with "
+                         "--admin-token")  # fmt: skip
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
     request = urllib.request.Request(f"{url.rstrip('/')}{path}", data=data, headers=headers)

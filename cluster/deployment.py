@@ -111,7 +111,7 @@ class Deployment:
         self.app = create_app(self.config, registry)
         install_admin_routes(self.app, scale_bounds(spec))
         self.server = RouterServer(self.app, spec.router.host, spec.router.port)
-        self._token_file = write_token(self.server.port, self.admin_token)
+        self._token_file = write_token(spec.router.host, self.server.port, self.admin_token)
         self.namespace = new_namespace()  # where its workers are named (cluster.actor_names)
         self.controller = self.app.state.controller = ControllerClient(start_controller(spec, self.namespace))
         sync = RouterSync(registry, self._membership_address, self.app.state.router.metrics.latency_totals,
@@ -162,7 +162,7 @@ class Deployment:
         finally:
             self.server.call(self._sync_task.cancel)
             self.server.stop()
-            forget_token(self.server.port, self.admin_token)
+            forget_token(self.spec.router.host, self.server.port, self.admin_token)
 
     def _stop_workers(self) -> None:
         try:

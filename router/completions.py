@@ -24,7 +24,8 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     model = runner.model
     check_model(body.model, model.name)
     refuse_unsupported(body, suffix=(None, ""), best_of=(None, body.n), **CHAT_ONLY)
-    check_limits(body, runner.limits, _num_prompts(body.prompt))
+    # Prompts counted by the form the body's model validated, without tokenizing any.
+    check_limits(body, runner.limits, len(body.prompt) if prompt_kind(body.prompt) in ("texts", "id_lists") else 1)
     prompts = await _prompt_ids(body.prompt, model)
     max_tokens = [model.max_tokens_for(len(p), body.max_tokens) for p in prompts]
     sampling = sampling_from(body, model.vocab_size, min(max_tokens), body.logprobs, prompt_logprobs_asked(body))
@@ -85,12 +86,6 @@ async def _chunks(running: RunningRequest, rid: str, created: int, model: Served
         yield {**base, "choices": [{"index": update.index, **parts, "finish_reason": update.finish_reason}]}
     if include_usage:
         yield {**base, "choices": [], "usage": running.usage(), "phases": running.phases()}
-
-
-def _num_prompts(prompt) -> int:
-    """How many prompts `prompt` holds, without tokenizing any (one string or token-id list, or a list),
-    by the form the body's model validated it as."""
-    return len(prompt) if prompt_kind(prompt) in ("texts", "id_lists") else 1
 
 
 async def _prompt_ids(prompt, model: ServedModel) -> list[list[int]]:

@@ -98,7 +98,9 @@ class ControlClient:
             self._open()
         self._read_monitor()  # a disconnect not yet read must be known before anything is sent
         if self.was_up and not self.up:
-            raise WorkerGone(self._down_reason(), refused=self.refused)
+            down = (f"the worker at {self.address} refuses connections (its process is gone?)" if self.refused
+                    else f"the control connection to {self.address} is down (reconnecting)")  # fmt: skip
+            raise WorkerGone(down, refused=self.refused)
         call_id = next(self._call_ids)
         reply = self._pending[call_id] = self._loop.create_future()
         timer = self._loop.call_later(self.timeout_s, self._expire, call_id, method)
@@ -199,11 +201,6 @@ class ControlClient:
         # reconnecting, to a worker whose replies nobody awaits (a reserve would leak its blocks).
         self._close_sockets()
         self._open()
-
-    def _down_reason(self) -> str:
-        if self.refused:
-            return f"the worker at {self.address} refuses connections (its process is gone?)"
-        return f"the control connection to {self.address} is down (reconnecting)"
 
     def _fail_all(self, error: Exception) -> None:
         for future in self._pending.values():

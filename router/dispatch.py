@@ -316,7 +316,8 @@ class Dispatcher:
                 request = resumed_request(gen.request, gen.outputs.delivered, gen.resumes)
                 gen.outputs.restart()
                 if request is None:  # every allowed token was handed out: only the final delta was lost
-                    gen.outputs.put(self._length_final(gen))
+                    n, prompt = len(gen.outputs.delivered), len(gen.request.prompt_token_ids)
+                    gen.outputs.put(TokenDelta(gen.request_id, 0, (), True, "length", prompt + n, 0))
                     return
                 try:
                     decode, prefill = self._route(request.prompt_token_ids)
@@ -338,11 +339,6 @@ class Dispatcher:
         finally:
             if gen.task is asyncio.current_task():
                 gen.task = None
-
-    @staticmethod
-    def _length_final(gen: Generation) -> TokenDelta:
-        n, prompt = len(gen.outputs.delivered), len(gen.request.prompt_token_ids)
-        return TokenDelta(gen.request_id, 0, (), True, "length", prompt + n, 0)
 
     async def drain_aborts(self) -> None:
         """Wait for the aborts already sent (shutdown, tests)."""

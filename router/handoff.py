@@ -59,8 +59,14 @@ class PrefillEndpoint(Protocol):
 
 @dataclass(frozen=True)
 class HandoffTimeouts:
-    reserve_retry_s: float = 0.02  # between reserve attempts while decode has no free blocks
+    reserve_retry_s: float = 0.02  # before the second reserve attempt while decode has no free blocks
+    reserve_retry_max_s: float = 0.5  # the wait doubles after each refusal up to this (each attempt hashes the
+    # prompt on decode's loop: a full decode is asked 4 times in its first second, not 50)
     reserve_wait_s: float = 30.0  # then the request fails with a clear error
+
+    def retry_after(self, refusals: int) -> float:
+        """How long to wait after the `refusals`-th refusal (1, 2, ...) before asking decode again."""
+        return min(self.reserve_retry_max_s, self.reserve_retry_s * 2 ** min(refusals - 1, 32))
 
 
 async def start_request(request: GenerateRequest, decode_worker: DecodeEndpoint, prefill_worker: PrefillEndpoint | None,
@@ -85,8 +91,8 @@ async def start_request(request: GenerateRequest, decode_worker: DecodeEndpoint,
 
 
 async def _reserve(request: GenerateRequest, decode_worker: DecodeEndpoint, timeouts: HandoffTimeouts):
-    """Decode's reservation, asked again every `reserve_retry_s` while decode is full, until `reserve_wait_s`."""
-    deadline = time.monotonic() + timeouts.reserve_wait_s
+    """Decode's reservation, asked again after `retry_after` while decode is full, until `reserve_wait_s`."""
+    deadline, refusals = time.monotonic() + timeouts.reserve_wait_s, 0
     while True:
         reply = await decode_worker.reserve(request)
         if isinstance(reply, DecodeReservation):
@@ -96,7 +102,8 @@ async def _reserve(request: GenerateRequest, decode_worker: DecodeEndpoint, time
         if time.monotonic() >= deadline:
             raise HandoffError(f"no decode room for request {request.request_id} within {timeouts.reserve_wait_s}s: "
                                f"{reply.reason}", retryable=True)  # fmt: skip
-        await asyncio.sleep(timeouts.reserve_retry_s)
+        refusals += 1
+        await asyncio.sleep(timeouts.retry_after(refusals))
 
 
 async def abort_request(request_id: str, decode_worker: DecodeEndpoint,

@@ -7,7 +7,8 @@ the body size limit.
 With `allowed_hosts` (a router on loopback has them by default), a request whose Host header names another
 host is refused (400), and so is one whose Origin names another (403): a web page in the operator's browser
 cannot reach the router by DNS rebinding or a cross-site form. With an API key, every /v1/* request must
-carry `Authorization: Bearer <key>` (401 otherwise); /health and /metrics stay open, as in vLLM. /admin/*
+carry `Authorization: Bearer <key>` (401 otherwise), and so must /tokenize and /detokenize (tokenizing is
+the router's work, as a completion's is); /health and /metrics stay open, as in vLLM. /admin/*
 needs the admin token (`cluster.admin_token`) and nothing else opens it: without one it is closed (403).
 A body over the limit is refused with 413 before the app reads it:
 the declared Content-Length is checked first, and a body without one is
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 
 from router.errors import APIError
 
-_API = "/v1/"
+_API = ("/v1/", "/tokenize", "/detokenize")  # what the API key guards (the tokenizer is work on the router)
 _DRAINED = 4  # a body over the limit but within this many times it is read (and dropped) before the 413
 _GONE = object()  # what `_read_body` returns when the client left
 _ADMIN = "/admin/"
@@ -75,7 +76,7 @@ class RequestGuard:
             closed = "the admin endpoints are closed" if self._admin is None else "missing or invalid admin token"
             return APIError(403, f"{closed}: `tandem scale` / `tandem status` send the token `tandem serve` wrote",
                             code="invalid_admin_token")  # fmt: skip
-        if path.startswith(_API) and self._key is not None and not _bearer(headers, self._key):
+        if self._key is not None and path.startswith(_API) and not _bearer(headers, self._key):
             return APIError(401, "missing or invalid API key: send the header `Authorization: Bearer <key>`",
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         return None

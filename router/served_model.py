@@ -65,25 +65,40 @@ class ServedModel:
             raise bad_request(f"the chat template rejected the messages: {err}", "messages") from None
         return self.encode(text, add_special_tokens=add_special_tokens, param="messages")
 
-    async def encode_async(self, text: str, param: str = "prompt") -> list[int]:
+    async def encode_async(self, text: str, param: str = "prompt", add_special_tokens: bool = True) -> list[int]:
         """`encode`, refused first if the text cannot fit the context, and on a thread when it is long (the
         router's event loop keeps serving every other request meanwhile)."""
         self.check_text_length(len(text), param)
         if len(text) < OFF_LOOP_CHARS:
-            return self.encode(text, param=param)
-        return await asyncio.to_thread(self.encode, text, True, param)
+            return self.encode(text, add_special_tokens, param)
+        return await asyncio.to_thread(self.encode, text, add_special_tokens, param)
 
-    async def encode_chat_async(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        """`encode_chat` with `encode_async`'s bound and thread."""
+    async def encode_chat_async(self, messages: list[dict], tools: list[dict] | None = None,
+                                add_generation_prompt: bool = True, add_special_tokens: bool = False) -> list[int]:
+        """`encode_chat` with `encode_async`'s bound and thread; the tools count as text (the template writes
+        their schemas into the prompt)."""
         if len(messages) > self.max_model_len:  # every message renders to a token or more (measured: 100k
             # one-letter messages took 1.6 s of jinja)
             raise bad_request(f"{len(messages)} messages cannot fit this model's maximum context length of "
                               f"{self.max_model_len} tokens", "messages")  # fmt: skip
-        chars = sum(len(str(m.get("content") or "")) for m in messages)
+        chars = sum(len(str(m.get("content") or "")) for m in messages) + (len(json.dumps(tools)) if tools else 0)
         self.check_text_length(chars, "messages")
+        args = (messages, add_generation_prompt, add_special_tokens, tools)
         if chars < OFF_LOOP_CHARS and len(messages) < OFF_LOOP_MESSAGES:
-            return self.encode_chat(messages, tools=tools)
-        return await asyncio.to_thread(self.encode_chat, messages, True, False, tools)
+            return self.encode_chat(*args)
+        return await asyncio.to_thread(self.encode_chat, *args)
+
+    async def decode_async(self, token_ids: list[int], param: str = "tokens") -> str:
+        """The text of ids in the vocabulary, at most a context's worth (a longer list is no text this model
+        makes), decoded on a thread when long."""
+        if len(token_ids) > self.max_model_len:
+            raise bad_request(f"at most {self.max_model_len} token ids (the maximum context length), got "
+                              f"{len(token_ids)}", param)  # fmt: skip
+        if any(not 0 <= t < self.vocab_size for t in token_ids):
+            raise bad_request(f"token ids must be in [0, {self.vocab_size})", param)
+        if len(token_ids) < OFF_LOOP_CHARS // 4:
+            return self.tokenizer.decode(token_ids)
+        return await asyncio.to_thread(self.tokenizer.decode, token_ids)
 
     def check_text_length(self, chars: int, param: str) -> None:
         if chars > self.max_prompt_chars:

@@ -23,6 +23,9 @@ from router.errors import bad_request
 # coder recurses (a string of 100,000 brackets was a RecursionError, a 500), and xgrammar has crashed on deep
 # grammars (Dynamo caps their nesting at 500). Real schemas nest a few levels.
 MAX_SCHEMA_DEPTH = 128
+# A schema, regex, grammar or list of choices longer than this (as text) is refused: the workers compile it
+# between steps, where its time is invisible to liveness (real ones are a few KiB).
+MAX_SPEC_CHARS = 65_536
 
 # vLLM's structured_outputs keys, each the kind it asks for
 STRUCTURED_OUTPUTS_KEYS = ("json", "regex", "choice", "grammar", "json_object")
@@ -75,6 +78,13 @@ def _from_guided(body: _GenerationFields) -> list[tuple[str, tuple[str, str]] | 
 
 
 def _spec(kind: str, value, field: str) -> tuple[str, str]:
+    kind, spec = _spec_text(kind, value, field)
+    if len(spec) > MAX_SPEC_CHARS:
+        raise bad_request(f"{field} is {len(spec)} characters long; at most {MAX_SPEC_CHARS}", field)
+    return kind, spec
+
+
+def _spec_text(kind: str, value, field: str) -> tuple[str, str]:
     if kind == "json":
         return kind, _schema_text(value, field)
     if kind == "json_object":

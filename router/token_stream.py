@@ -208,17 +208,12 @@ class TokenStreamConsumer:
             if route is None:
                 continue
             outputs, senders = route
-            sender = self._sender_of(frame)
+            # The registered worker that sent it (None: the socket authenticates nobody).
+            sender = None if self._key is None else self._senders(frame.get("User-Id")) or "an unregistered worker"
             if senders is not None and sender is not None and sender not in senders:
                 refuse("token_stream", "wrong_sender", f"{sender} sent a delta of {delta.request_id}")
                 continue
             outputs.put(delta)
-
-    def _sender_of(self, frame: zmq.Frame) -> str | None:
-        """The registered worker that sent `frame` (None: the socket authenticates nobody)."""
-        if self._key is None:
-            return None
-        return self._senders(frame.get("User-Id")) or "an unregistered worker"
 
     async def close(self) -> None:
         if self._sock is not None:

@@ -38,17 +38,6 @@ from wire.socket_security import sender_public_key, use_cluster_key
 
 logger = logging.getLogger("tandem.worker")
 
-def serving_engine(engine_args, name: str, skip_tokenizer_init: bool = False):
-    """The engine rank 0 of a worker serves with, warmed up unless tensor parallel (its followers are not
-    running their forward loops yet: the group's first steps warm it)."""
-    from engine.llm_engine import LLMEngine
-
-    engine = LLMEngine.from_args(engine_args, skip_tokenizer_init=skip_tokenizer_init, show_progress=False)
-    if engine.config.parallel.tp_size == 1:
-        logger.info("%s: warmed up in %.2fs", name, engine.warm_up())
-    return engine
-
-
 def worker_maker(engine_args, config, calls: Decoders, kv_service: Callable, worker: Callable,
                  skip_tokenizer_init: bool = False) -> Callable:  # fmt: skip
     """A role's `(board, deliver) -> LoopWorker`: its serving engine, then its I/O thread, whose services are
@@ -56,7 +45,13 @@ def worker_maker(engine_args, config, calls: Decoders, kv_service: Callable, wor
     socket taking the router's `calls`; then `worker(engine, io, board)`, `io.services` being (control, KV)."""
 
     def make(board, deliver):
-        engine = serving_engine(engine_args, config.name, skip_tokenizer_init)
+        from engine.llm_engine import LLMEngine
+
+        engine = LLMEngine.from_args(engine_args, skip_tokenizer_init=skip_tokenizer_init, show_progress=False)
+        # Warmed up unless tensor parallel (its followers are not running their forward loops yet: the
+        # group's first steps warm it).
+        if engine.config.parallel.tp_size == 1:
+            logger.info("%s: warmed up in %.2fs", config.name, engine.warm_up())
 
         def services(io: IOThread) -> list:
             kv = kv_service(engine, board, deliver)

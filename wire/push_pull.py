@@ -11,6 +11,7 @@ may come from two workers, in any order.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import zmq
@@ -26,28 +27,45 @@ class Pushers:
     """One connected PUSH socket per destination; sends never block the step loop.
 
     A destination takes one kind of message: token deltas (the router's stream, signed with this
-    process's sender key) or a peer's messages (with the cluster key)."""
+    process's sender key) or a peer's messages (with the cluster key). Sockets to destinations that
+    are gone do not pile up: one whose queue is full (its reader dead or stuck) is closed, dropping what
+    it queued, and at most `max_destinations` stay open, the least recently used closed first (a decode
+    worker that restarts binds a new inbox each time)."""
 
-    def __init__(self, send_hwm: int = 100_000):
+    def __init__(self, send_hwm: int = 100_000, max_destinations: int = 64):
         self._ctx = zmq.Context.instance()
-        self._socks: dict[str, zmq.Socket] = {}
-        self._send_hwm = send_hwm
+        self._socks: OrderedDict[str, zmq.Socket] = OrderedDict()
+        self._send_hwm, self._max_destinations = send_hwm, max_destinations
 
     def send(self, address: str, msg) -> bool:
         """Queue `msg` for `address`; False (logged) when its queue is full: the reader is gone or stuck."""
-        sock = self._socks.get(address)
-        if sock is None:
-            sock = self._socks[address] = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)  # a worker shutting down still flushes its last deltas
-            sock.setsockopt(zmq.SNDHWM, self._send_hwm)
-            # The router takes a request's deltas only from its workers: they go with this process's own key.
-            connect_secured(sock, address, sender=sender_keypair() if isinstance(msg, TokenDelta) else None)
+        sock = self._socket(address, msg)
         try:
             sock.send(encode(msg), zmq.NOBLOCK)
             return True
         except zmq.Again:
-            logger.error("dropped a %s for %s: its queue is full", type(msg).__name__, address)
+            logger.error("dropped a %s for %s: its queue is full (its socket closed)", type(msg).__name__, address)
+            self._socks.pop(address).close(linger=0)
             return False
+
+    @property
+    def destinations(self) -> tuple[str, ...]:
+        """The addresses with an open socket, least recently used first."""
+        return tuple(self._socks)
+
+    def _socket(self, address: str, msg) -> zmq.Socket:
+        sock = self._socks.get(address)
+        if sock is not None:
+            self._socks.move_to_end(address)
+            return sock
+        if len(self._socks) >= self._max_destinations:
+            self._socks.popitem(last=False)[1].close()  # the least recently used: it still flushes (LINGER)
+        sock = self._socks[address] = self._ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 1000)  # a worker shutting down still flushes its last deltas
+        sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+        # The router takes a request's deltas only from its workers: they go with this process's own key.
+        connect_secured(sock, address, sender=sender_keypair() if isinstance(msg, TokenDelta) else None)
+        return sock
 
     def close(self) -> None:
         for sock in self._socks.values():

@@ -6,7 +6,7 @@ handoff of `router.dispatch` / `router.handoff` replayed on simulated time.
       route: decode by `registry.pick_decode` (by the prompt's policy when colocated), prefill by
              `router.local_prefill.choose_prefill` (none: colocated, or decode prefills it itself); the counts
              it holds on them kept by `router.attempt.Attempt`, as the real dispatcher keeps them
-      reserve on decode (a hop each way); refused while full: again every `reserve_retry_s` until
+      reserve on decode (a hop each way); refused while full: again after `retry_after` (doubling) until
              `reserve_wait_s`, then the request fails; prefill_locally: prefill's part is over at once
       PrefillTask to the prefill worker (a hop)
     token deltas (a hop from the worker, + per_delta_s to the client)
@@ -67,6 +67,7 @@ class Dispatch:
     attempt: Attempt  # its workers and the counts it holds on them
     started_at: float
     tokens: int = 0  # delivered so far
+    refusals: int = 0  # decode's retryable refusals of its reserve so far
 
     @property
     def request_id(self) -> str:
@@ -136,7 +137,8 @@ class SimRouter:
         if isinstance(reply, Refused):
             waited = self.events.now - d.started_at
             if reply.retryable and waited < self.knobs.handoff.reserve_wait_s:
-                return self.events.after(self.knobs.handoff.reserve_retry_s, self._reserve, d)
+                d.refusals += 1
+                return self.events.after(self.knobs.handoff.retry_after(d.refusals), self._reserve, d)
             return self._fail(d, f"decode refused it: {reply.reason}")
         assert isinstance(reply, Reserved)
         if reply.prefill_locally:

@@ -102,13 +102,13 @@ def test_the_last_resort_removes_the_admin_token_file_this_process_wrote(tmp_pat
     from cluster.admin_token import forget_token, token_path, write_token
 
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
-    ours = write_token(8123, "ours")
-    write_token(8124, "other")
-    forget_token(8124, "other")  # forgotten by the cleanup already: nothing left to do for it
-    others = write_token(8125, "someone else's")
+    ours = write_token("127.0.0.1", 8123, "ours")
+    write_token("127.0.0.1", 8124, "other")
+    forget_token("127.0.0.1", 8124, "other")  # forgotten by the cleanup already: nothing left to do for it
+    others = write_token("127.0.0.1", 8125, "someone else's")
     others.write_text("a later server's")  # the port was taken over since: its file is not ours to remove
     exits = []
     monkeypatch.setattr(lifeline.os, "_exit", exits.append)
     lifeline.exit_now(ClusterGone("the Ray cluster is gone", False))
     assert exits == [1] and "tandem: error: the Ray cluster is gone" in capsys.readouterr().out
-    assert not ours.exists() and not token_path(8124).exists() and others.read_text() == "a later server's"
+    assert not ours.exists() and not token_path("127.0.0.1", 8124).exists() and others.read_text() == "a later server's"

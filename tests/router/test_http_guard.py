@@ -65,7 +65,8 @@ def test_openai_client_needs_the_key(router):
                                      {"Authorization": f"Bearer {KEY}x"}])  # fmt: skip
 def test_every_v1_path_refuses_without_the_key_and_admin_without_the_admin_token(router, headers):
     with httpx.Client(base_url=router.url, headers=headers) as http:
-        for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/v1/nope")):
+        for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/v1/nope"),
+                             ("POST", "/tokenize"), ("POST", "/detokenize")):
             error = _is_openai_error(http.request(method, path, json={}), 401)
             assert error["code"] == "invalid_api_key"
         for method, path in (("GET", "/admin/status"), ("POST", "/admin/scale")):
@@ -92,6 +93,17 @@ def test_a_foreign_host_or_origin_is_refused(router):
         for host in (f"localhost:{router.port}", f"127.0.0.1:{router.port}", "[::1]"):
             assert http.get("/v1/models", headers={"Host": host}).status_code == 503  # let through
         assert http.get("/v1/models", headers={"Origin": f"http://localhost:{router.port}"}).status_code == 503
+
+
+def test_tokenize_takes_the_key_and_refuses_what_cannot_fit_before_tokenizing(router):
+    max_model_len = router.app.state.router.runner.model.max_model_len
+    with httpx.Client(base_url=router.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        assert http.post("/tokenize", json={"prompt": "hello"}).json()["count"] > 0
+        assert http.post("/detokenize", json={"tokens": [1, 2, 3]}).status_code == 200
+        chat = {"messages": [{"role": "user", "content": "a"}] * (max_model_len + 1)}
+        assert _is_openai_error(http.post("/tokenize", json=chat), 400)["param"] == "messages"
+        too_many = http.post("/detokenize", json={"tokens": [1] * (max_model_len + 1)})
+        assert _is_openai_error(too_many, 400)["param"] == "tokens"
 
 
 def test_health_and_metrics_stay_open(router):
@@ -141,7 +153,10 @@ def test_tandem_status_sends_the_admin_token_and_a_500_hides_the_internals(route
         _admin(router.url, "/admin/status")
     with pytest.raises(AdminError, match="HTTP 403"):
         _admin(router.url, "/admin/status", token=KEY)
-    path = write_token(router.port, ADMIN)  # as `tandem serve` writes it
+    write_token("127.0.0.2", router.port, "another server's")  # the same port on another address: not ours
+    with pytest.raises(AdminError, match="no admin token"):
+        _admin(router.url, "/admin/status")
+    path = write_token(router.host, router.port, ADMIN)  # as `tandem serve` writes it
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
     with pytest.raises(AdminError, match="HTTP 500") as err:  # let in; the missing controller fails inside
         _admin(router.url, "/admin/status")
