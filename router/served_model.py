@@ -94,8 +94,7 @@ class ServedModel:
         if len(token_ids) > self.max_model_len:
             raise bad_request(f"at most {self.max_model_len} token ids (the maximum context length), got "
                               f"{len(token_ids)}", param)  # fmt: skip
-        if any(not 0 <= t < self.vocab_size for t in token_ids):
-            raise bad_request(f"token ids must be in [0, {self.vocab_size})", param)
+        self.check_in_vocab(token_ids, "token ids", param)
         if len(token_ids) < OFF_LOOP_CHARS // 4:
             return self.tokenizer.decode(token_ids)
         return await asyncio.to_thread(self.tokenizer.decode, token_ids)
@@ -110,8 +109,11 @@ class ServedModel:
             raise bad_request("the prompt is empty", param)
         if len(token_ids) >= self.max_model_len:  # before the scan: a huge list is refused for its length alone
             self.max_tokens_for(len(token_ids), None)
+        self.check_in_vocab(token_ids, "prompt token ids", param)
+
+    def check_in_vocab(self, token_ids: list[int], what: str, param: str) -> None:
         if any(not 0 <= t < self.vocab_size for t in token_ids):
-            raise bad_request(f"prompt token ids must be in [0, {self.vocab_size})", param)
+            raise bad_request(f"{what} must be in [0, {self.vocab_size})", param)
 
     def max_tokens_for(self, prompt_len: int, asked: int | None, param: str = "max_tokens") -> int:
         """Output tokens allowed: `asked`, or all the context the prompt leaves; 400 when that does not fit."""

@@ -78,10 +78,17 @@ def _from_guided(body: _GenerationFields) -> list[tuple[str, tuple[str, str]] | 
 
 
 def _spec(kind: str, value, field: str) -> tuple[str, str]:
+    """The (kind, spec) of one ask, no longer than `MAX_SPEC_CHARS`: text as given is measured before it is
+    parsed, an object or a list of choices once written as JSON."""
+    _check_length(value, field)
     kind, spec = _spec_text(kind, value, field)
-    if len(spec) > MAX_SPEC_CHARS:
-        raise bad_request(f"{field} is {len(spec)} characters long; at most {MAX_SPEC_CHARS}", field)
+    _check_length(spec, field)
     return kind, spec
+
+
+def _check_length(value, field: str) -> None:
+    if isinstance(value, str) and len(value) > MAX_SPEC_CHARS:
+        raise bad_request(f"{field} is {len(value)} characters long; at most {MAX_SPEC_CHARS}", field)
 
 
 def _spec_text(kind: str, value, field: str) -> tuple[str, str]:

@@ -104,7 +104,7 @@ def _with_argument_objects(message: dict, index: int) -> dict:
                                               for c in calls):  # fmt: skip
         raise bad_request(f"messages[{index}].tool_calls must be a list of "
                           '{"type": "function", "function": {...}} objects', "messages")  # fmt: skip
-    calls = [{**call, "function": _arguments_as_object(dict(call.get("function") or {}))} for call in calls]
+    calls = [{**call, "function": _arguments_as_object(dict(call.get("function", {})))} for call in calls]
     return {**message, "tool_calls": calls}
 
 

@@ -44,7 +44,8 @@ def test_each_field_asks_for_its_kind(fields, expected):
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": "{not json"}}},
      "response_format.json_schema.schema", "not valid JSON"),
     ({"guided_json": [1, 2]}, "guided_json", "JSON schema object"),
-    ({"guided_json": "[" * 100_000}, "guided_json", "nested deeper than 128 levels"),
+    ({"guided_json": "[" * 10_000}, "guided_json", "nested deeper than 128 levels"),
+    ({"guided_json": "[" * 100_000}, "guided_json", "at most 65536"),  # refused before it is parsed
     ({"guided_regex": "a" * 65_537}, "guided_regex", "at most 65536"),
     ({"guided_choice": ["x" * 1000] * 100}, "guided_choice", "at most 65536"),
     ({"guided_json": '{"a": ' * 129 + "1" + "}" * 129}, "guided_json", "nested deeper than 128 levels"),
