@@ -12,6 +12,11 @@ drives it twice:
             compute-bound: the factor for them is not the decode steps'); with several workers, its TPOT
             against the simulator's gives `per_round_s`, serving's own time around each step (its I/O
             thread, the router on the same cores), with no neighbour contending (`alone_step_factor` 1.0);
+  beside    with several workers, first: one long stream decoding on one worker, and prompts of two lengths
+            prefilled one at a time on another (a new prompt goes to the worker that remembers the fewest
+            blocks: the stream's long prompt keeps the probes off its worker); what their prefill takes over
+            the simulator's price of it alone gives the line of `prompt_contention_s` and
+            `prompt_contention_per_token_s` (a short prompt feels a decoding neighbour most);
   loaded    Poisson arrivals at about half the pool's capacity: its mean TPOT against the simulator's on the
             same requests gives, with several workers, `step_factor` (the served step over the profiled one
             while the host's other workers step too: they contend for its cores and memory), and with one
@@ -40,6 +45,8 @@ from planner.workload import SimRequest, WorkloadSpec
 
 IDLE_REQUESTS, IDLE_PROMPT, IDLE_OUTPUT = 5, 256, 32
 NOTE_START = "serving calibrated"
+BESIDE_STREAM_PROMPT, BESIDE_STREAM_OUTPUT = 1536, 1000  # closed once the probes are done
+BESIDE_PROBES = (128, 128, 128, 768, 768)  # short ones first: the probes' blocks stay below the stream's
 LOAD = dict(num_prompts=24, random_input_len=384, random_output_len=96, seed=5, ignore_eos=True)
 
 
@@ -71,6 +78,10 @@ def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: C
     try:
         deployment.start()
         server = (f"{deployment.url}/v1/completions", deployment.config.model_name)
+        beside = []
+        if replicas > 1:
+            on_progress("serving calibration: prompts beside a decoding worker")
+            beside = _beside_a_stream(server)
         on_progress("serving calibration: one request at a time")
         idle = [_one(server, _prompt(IDLE_PROMPT, seed=i), IDLE_OUTPUT) for i in range(IDLE_REQUESTS)]
         requests = _load(profile, replicas)
@@ -79,11 +90,11 @@ def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: C
     finally:
         deployment.stop()
         ray.shutdown()
-    return _fitted(profile, replicas, idle, requests, loaded)
+    return _fitted(profile, replicas, idle, requests, loaded, beside)
 
 
 def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list[SimRequest],
-            loaded: list[Outcome]) -> Profile:  # fmt: skip
+            loaded: list[Outcome], beside: list[Outcome] = ()) -> Profile:  # fmt: skip
     from runtime.arrival_window import ArrivalWindowConfig
 
     serving = profile.serving
@@ -94,6 +105,7 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
     prefill_factor = prefill / profiled_prefill if prefill > 0 else None  # no phases: the step factors throughout
     serving = dataclasses.replace(serving, request_s=request_s, step_factor=1.0, alone_step_factor=None,
                                   prefill_factor=prefill_factor)  # fmt: skip
+    serving = dataclasses.replace(serving, **_prompt_contention(profile, prefill_factor, beside))
     alone = ""
     if replicas > 1:  # serving's own time around each step, measured where no neighbour contends
         idle_tpot = _mean_tpot(idle)
@@ -121,11 +133,58 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
         loaded_fit += f" (a bound of its search [{low:g}, {high:g}]: the served TPOT lies beyond it)"
     prompt_fit = "" if prefill_factor is None else \
         f"prefill_factor {prefill_factor:.3f} (profiled {profiled_prefill * 1e3:.0f} ms), "
+    if beside:
+        prompt_fit += (f"prompt_contention_s {serving.prompt_contention_s * 1e3:.1f} ms + "
+                       f"{serving.prompt_contention_per_token_s * 1e6:.1f} us a prompt token beside a decoding "
+                       f"worker ({_beside_summary(beside)}), ")  # fmt: skip
     note = (f"{NOTE_START} on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
             f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), {prompt_fit}{loaded_fit} (served TPOT "
             f"{real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip
     kept = tuple(n for n in profile.notes if not n.startswith(NOTE_START))  # an earlier calibration's note goes
     return dataclasses.replace(profile, serving=serving, notes=(*kept, note))
+
+
+def _prompt_contention(profile: Profile, prefill_factor: float | None, beside: list[Outcome]) -> dict[str, float]:
+    """The line through the median extra prefill time of the short and of the long probes beside a decoding
+    worker (over the simulator's price of each alone), neither term below 0; both 0 without probes."""
+    extra: dict[int, list[float]] = {}
+    for o in beside:
+        if o.phases.get("prefill_s"):
+            alone = profile.step_seconds(StepShape.prefill(o.prompt_len)) * (prefill_factor or 1.0)
+            extra.setdefault(o.prompt_len, []).append(o.phases["prefill_s"] - alone)
+    if len(extra) < 2:
+        return {"prompt_contention_s": 0.0, "prompt_contention_per_token_s": 0.0}
+    lengths = sorted(extra)
+    short, long = lengths[0], lengths[-1]
+    short_extra, long_extra = statistics.median(extra[short]), statistics.median(extra[long])
+    per_token = max(0.0, (long_extra - short_extra) / (long - short))
+    step = max(0.0, short_extra - per_token * short)
+    if step == 0.0:  # the line crosses 0 above the short probe: through the long one's median from the origin
+        per_token = max(0.0, long_extra / long)
+    return {"prompt_contention_s": step, "prompt_contention_per_token_s": per_token}
+
+
+def _beside_summary(beside: list[Outcome]) -> str:
+    by_length: dict[int, list[float]] = {}
+    for o in beside:
+        by_length.setdefault(o.prompt_len, []).append(o.phases.get("prefill_s", 0.0))
+    return ", ".join(f"{n} tokens prefilled in {statistics.median(t) * 1e3:.0f} ms" for n, t in sorted(by_length.items()))
+
+
+def _beside_a_stream(server: tuple[str, str]) -> list[Outcome]:
+    """The probes' outcomes, each prefilled while one long stream decodes on another worker (see the module
+    doc); the stream is closed when they are done."""
+    started, done = threading.Event(), threading.Event()
+    stream = threading.Thread(target=_one, args=(server, _prompt(BESIDE_STREAM_PROMPT, seed=-1), BESIDE_STREAM_OUTPUT),
+                              kwargs={"first_token": started, "stop": done}, daemon=True)  # fmt: skip
+    stream.start()
+    try:
+        if not started.wait(120):
+            raise RuntimeError("serving calibration: the background stream sent no token in 120 s")
+        return [_one(server, _prompt(n, seed=100 + i), 2) for i, n in enumerate(BESIDE_PROBES)]
+    finally:
+        done.set()
+        stream.join(60)
 
 
 def _solved(simulated: Callable[[float], float], target: float, low: float, high: float) -> float:
@@ -190,8 +249,10 @@ def _drive(server: tuple[str, str], requests: list[SimRequest]) -> list[Outcome]
     return [o for o in outcomes if o is not None]
 
 
-def _one(server: tuple[str, str], prompt: list[int], max_tokens: int) -> Outcome:
-    """One streamed completion of `prompt` from `server` (its URL, the model name it serves)."""
+def _one(server: tuple[str, str], prompt: list[int], max_tokens: int, first_token: threading.Event | None = None,
+         stop: threading.Event | None = None) -> Outcome:  # fmt: skip
+    """One streamed completion of `prompt` from `server` (its URL, the model name it serves); `first_token` is
+    set when its first token arrives, and once `stop` is set the stream is closed (the server aborts it)."""
     url, model = server
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
@@ -205,6 +266,10 @@ def _one(server: tuple[str, str], prompt: list[int], max_tokens: int) -> Outcome
             chunk = json.loads(line[len(b"data: "):])
             if chunk.get("choices") and chunk["choices"][0].get("text"):
                 times.append(time.monotonic())
+                if first_token is not None:
+                    first_token.set()
+            if stop is not None and stop.is_set():
+                break
             if chunk.get("phases"):
                 outcome.phases = chunk["phases"][0]
     if times:

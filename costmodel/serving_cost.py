@@ -33,6 +33,15 @@ bench_plan went from -6..+40% to -17..+18%.
 
 A step's factor mixes the two by its share of prompt tokens (`factor_for`): a chunk of 1,536 prompt tokens
 with five decode rows is served as a prompt, a decode batch as decode.
+
+  prompt_contention_s, prompt_contention_per_token_s
+                     the time a step with prompt tokens is served longer while the host's other workers
+                     decode, as a line in its prompt tokens (`prompt_contention`, scaled by the share of
+                     them decoding): a short prompt feels a decoding neighbour far more than its share of
+                     compute says. On 2 cores (AMD EPYC, 1 thread a worker, 2026-11-27) a 128-token prompt
+                     was prefilled in 180 ms alone and 203-241 ms while the decode worker of a 1P+1D
+                     streamed, a 1,536-token one 1.05x its time alone: no factor fits both, and 1P+1D's time
+                     to first token was under-predicted in every run of bench_plan (-6..-36% p50).
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ class ServingCost:
     step_factor: float = 1.0  # served step / profiled step, the host's other workers busy (see the module doc)
     alone_step_factor: float | None = None  # the same, none of them busy; None: step_factor
     prefill_factor: float | None = None  # served / profiled time of prompt tokens; None: the step factors
+    prompt_contention_s: float = 0.0  # a step with prompt tokens, its other workers decoding: added seconds
+    prompt_contention_per_token_s: float = 0.0  # ... and added seconds per prompt token of it
 
     def __post_init__(self):
         for f in fields(self):
@@ -82,6 +93,13 @@ class ServingCost:
         if self.prefill_factor is None:
             return decode
         return prompt_share * self.prefill_factor + (1.0 - prompt_share) * decode
+
+    def prompt_contention(self, neighbours: "Neighbours | None", prompt_tokens: int) -> float:
+        """The seconds a step with `prompt_tokens` prompt tokens is served longer beside `neighbours` (None:
+        alone on its host) than alone: the calibrated line at the share of them decoding."""
+        if neighbours is None or prompt_tokens == 0:
+            return 0.0
+        return neighbours.decoding * (self.prompt_contention_s + self.prompt_contention_per_token_s * prompt_tokens)
 
     def to_dict(self) -> dict[str, float | None]:
         return asdict(self)

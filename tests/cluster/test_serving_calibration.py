@@ -51,3 +51,33 @@ def test_several_workers_are_fitted_a_time_per_step_alone_and_a_factor_beside_bu
     assert calibration._simulated_tpot(fitted_profile, 2, calibration._one_at_a_time(len(idle))) == pytest.approx(0.015, rel=0.02)
     simulated = calibration._simulated_tpot(fitted_profile, 2, requests)
     assert simulated == pytest.approx(0.05, rel=0.05)  # steep there: slower steps overlap more and queue more
+
+
+def _beside(profile, extra_short: float, extra_long: float):
+    """The probes as served beside a decoding worker: the simulator's price alone (the idle prefill's factor,
+    0.25 / 0.266) plus `extra_*` seconds."""
+    from costmodel import StepShape
+
+    def probe(n: int, extra: float):
+        alone = profile.step_seconds(StepShape.prefill(n)) * 0.25 / 0.266
+        return _served(n, 2, alone + extra, 0.01, {"prefill_s": alone + extra})
+
+    return [probe(n, extra_short if n == min(calibration.BESIDE_PROBES) else extra_long)
+            for n in calibration.BESIDE_PROBES]  # fmt: skip
+
+
+def test_prompts_beside_a_decoding_worker_fit_the_line_through_their_extra_time():
+    profile = _profile()
+    idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)
+    fitted = calibration._fitted(profile, 2, idle, requests, loaded, _beside(profile, 0.04, 0.09))
+    assert fitted.serving.prompt_contention_per_token_s == pytest.approx(0.05 / 640)  # 128 and 768 tokens
+    assert fitted.serving.prompt_contention_s == pytest.approx(0.04 - 128 * 0.05 / 640)
+    assert "prompt_contention_s 30.0 ms + 78.1 us a prompt token" in fitted.notes[-1]
+    # A long prompt slowed less than a short one: a time per step, none per token; none slower: nothing.
+    flat = calibration._fitted(profile, 2, idle, requests, loaded, _beside(profile, 0.04, 0.02)).serving
+    assert (flat.prompt_contention_s, flat.prompt_contention_per_token_s) == pytest.approx((0.04, 0.0))
+    none = calibration._fitted(profile, 2, idle, requests, loaded, _beside(profile, -0.01, -0.02)).serving
+    assert (none.prompt_contention_s, none.prompt_contention_per_token_s) == (0.0, 0.0)
+    # Without probes (one worker: no neighbour to measure beside) an earlier calibration's line goes too.
+    again = calibration._fitted(fitted, 1, idle, calibration._load(profile, 1), loaded).serving
+    assert (again.prompt_contention_s, again.prompt_contention_per_token_s) == (0.0, 0.0)

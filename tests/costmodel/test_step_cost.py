@@ -119,3 +119,14 @@ def test_prompt_tokens_are_served_at_their_factor_decode_rows_slowed_by_decoding
     assert ServingCost.from_dict(older).prefill_factor is None
     with pytest.raises(ValueError, match="prefill_factor must be >= 0"):
         ServingCost(prefill_factor=-1.0)
+
+
+def test_prompt_contention_is_a_line_in_prompt_tokens_at_the_share_of_neighbours_decoding():
+    serving = ServingCost(prompt_contention_s=0.02, prompt_contention_per_token_s=0.0001)
+    assert serving.prompt_contention(Neighbours(1.0, 1.0), 100) == pytest.approx(0.03)
+    assert serving.prompt_contention(Neighbours(1.0, 0.5), 100) == pytest.approx(0.015)
+    assert serving.prompt_contention(Neighbours(1.0, 0.0), 100) == 0.0  # a neighbour that only prefills
+    assert serving.prompt_contention(None, 100) == 0.0  # alone on its host
+    assert serving.prompt_contention(Neighbours(1.0, 1.0), 0) == 0.0  # a decode step: the factors price it
+    older = {k: v for k, v in serving.to_dict().items() if not k.startswith("prompt_contention")}
+    assert ServingCost.from_dict(older).prompt_contention(Neighbours(1.0, 1.0), 100) == 0.0

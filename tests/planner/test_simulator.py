@@ -160,3 +160,24 @@ def test_a_prompt_chunk_is_priced_at_the_prefill_factor_and_decode_rows_at_the_s
     layout = Layout(PoolLayout(0, None), PoolLayout(1, profile), LIMITS, arrival_window=NO_WINDOW)
     (request,) = simulate(layout, [SimRequest(0.0, prompt(10), 3)]).requests
     assert request.token_times == pytest.approx([0.020, 0.042, 0.064])
+
+
+def test_a_prompt_beside_a_decoding_worker_takes_the_calibrated_contention_longer():
+    """Steps of 10 ms + 1 ms per token; a step with prompt tokens beside a decoding worker 5 ms + 1 ms per prompt
+    token longer. A (10 tokens, a long stream) is prefilled alone (0.020); B (10 tokens) arrives at 0.05 while A
+    decodes, and is prefilled on the other worker of the host in 20 + 15 ms, colocated or a prefill worker."""
+    base = hand_profile()
+    contended = dataclasses.replace(base, serving=dataclasses.replace(
+        base.serving, prompt_contention_s=0.005, prompt_contention_per_token_s=0.001))  # fmt: skip
+    requests = [SimRequest(0.0, prompt(10), 12), SimRequest(0.05, prompt(10, 900), 1)]
+
+    def ttfts(profile, prefill_workers: int) -> tuple[float, float]:
+        layout = Layout(PoolLayout(prefill_workers, profile if prefill_workers else None),
+                        PoolLayout(2 - prefill_workers, profile), LIMITS, arrival_window=NO_WINDOW)  # fmt: skip
+        a, b = simulate(layout, requests).requests
+        return a.ttft, b.ttft
+
+    assert ttfts(contended, 0) == pytest.approx((0.020, 0.035))
+    assert ttfts(base, 0) == pytest.approx((0.020, 0.020))
+    (a_alone, b_alone), (a_beside, b_beside) = ttfts(base, 1), ttfts(contended, 1)
+    assert (a_beside - a_alone, b_beside - b_alone) == pytest.approx((0.0, 0.015))
