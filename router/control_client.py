@@ -14,7 +14,10 @@ ZMQ reconnects, and only the registry's `wire.liveness` judges a worker):
     queued for the old connection reaches the worker later, when nobody waits for its reply;
   - down: new calls fail at once with `WorkerGone`, `refused` set when the worker's address
     refuses connections (nobody listens: its process is gone), while ZMQ keeps reconnecting;
-  - up again (a handshake on the new connection): calls go through again.
+  - up again (a handshake on the new connection): calls go through again, and the aborts that failed
+    while it was down are sent (`ControlEndpoint`: an abort is idempotent, so one the worker did get
+    before the drop is harmless twice; without this a lost abort leaves the request generating for
+    nobody and holding its KV, since the router's calls keep the worker's router lease alive).
 
 Failures, as the registry's `GuardedEndpoint` sorts them:
   - the worker answers that the call itself was bad: `CallRejected` (a ValueError: the request's fault);
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from typing import Callable
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -40,6 +44,12 @@ from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, Reser
 from wire.socket_security import ClusterKey, connect_secured, open_monitor
 
 logger = logging.getLogger("tandem.router")
+
+# Aborts kept per worker while its control connection is down. While it is down no new request reaches the
+# worker, so the aborts that matter are for what it held at the drop: at most the router's max_in_flight
+# requests (256 by default), far below this. Past it the oldest are dropped (logged); their requests end
+# on their own (max_tokens, a transfer deadline, or the worker's router lease if the router goes too).
+MAX_UNDELIVERED_ABORTS = 4096
 
 # Only a backstop for one call that never gets its reply; it marks nothing dead. Generous, because a
 # prefill or reserve call may wait behind a worker's current step, and CPU steps take 10-30 s.
@@ -87,6 +97,7 @@ class ControlClient:
         self.refused = False  # the last connection attempt was refused
         self.closed_reason = ""  # set by close(): every call fails
         self.reconnects = 0
+        self.on_reconnect: Callable[[], None] = lambda: None  # called on the loop when the connection is back
         self.late_replies = self.dropped = 0  # replies after their call ended; frames that were no reply
 
     async def call(self, method: str, payload: CallPayload) -> ReplyPayload:
@@ -179,11 +190,12 @@ class ControlClient:
 
     def _on_event(self, event: int) -> None:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            if self.was_up:
+            back = self.was_up
+            self.up, self.was_up, self.refused = True, True, False
+            if back:
                 self.reconnects += 1
                 logger.info("control connection to %s is back", self.address)
-            self.up = self.was_up = True
-            self.refused = False
+                self.on_reconnect()
         elif event == zmq.EVENT_CONNECTED:
             self.refused = False  # someone listens (the handshake is still to come)
         elif event == zmq.EVENT_CONNECT_RETRIED:
@@ -209,13 +221,23 @@ class ControlClient:
 
 
 class ControlEndpoint:
-    """A worker as the router calls it; owns its `ControlClient` (`close()` on the client's event loop)."""
+    """A worker as the router calls it; owns its `ControlClient` (`close()` on the client's event loop) and the
+    aborts that could not reach the worker while the connection was down, sent again once it is back."""
 
     def __init__(self, client: ControlClient):
         self.client = client
+        self.undelivered_aborts: dict[str, None] = {}  # request ids, oldest first (a dict as an ordered set)
+        self.dropped_aborts = 0  # aborts given up past MAX_UNDELIVERED_ABORTS
+        self._redelivery: asyncio.Task | None = None
+        client.on_reconnect = self._redeliver_aborts
 
     def close(self) -> None:
-        """Release the socket; idempotent. Later calls fail with `WorkerGone`."""
+        """Release the socket; idempotent. Later calls fail with `WorkerGone`. The aborts still kept are dropped:
+        the worker left the registry (unregistered, as the controller does to a dead one, or replaced by a new
+        incarnation of its name), and nothing of this router's runs there any more."""
+        self.undelivered_aborts.clear()
+        if self._redelivery is not None:
+            self._redelivery.cancel()
         self.client.close()
 
     async def reserve(self, request: GenerateRequest) -> DecodeReservation | ReserveRefused:
@@ -225,7 +247,39 @@ class ControlEndpoint:
         await self.client.call("prefill", task)
 
     async def abort(self, request_id: str) -> None:
-        await self.client.call("abort", request_id)
+        """Raises like any call; when the connection is down (`WorkerGone`) the abort is also kept and sent
+        again once it is back."""
+        try:
+            await self.client.call("abort", request_id)
+        except WorkerGone:
+            self._keep_undelivered(request_id)
+            raise
+
+    def _keep_undelivered(self, request_id: str) -> None:
+        if self.client.closed_reason:  # closed: the worker is no longer ours to free
+            return
+        self.undelivered_aborts[request_id] = None
+        if len(self.undelivered_aborts) > MAX_UNDELIVERED_ABORTS:
+            oldest = next(iter(self.undelivered_aborts))
+            del self.undelivered_aborts[oldest]
+            self.dropped_aborts += 1
+            logger.warning("more than %d aborts wait for %s: %s dropped", MAX_UNDELIVERED_ABORTS,
+                           self.client.address, oldest)  # fmt: skip
+
+    def _redeliver_aborts(self) -> None:
+        """The connection is back: send the kept aborts (one task at a time; it runs until none is left)."""
+        if self.undelivered_aborts and (self._redelivery is None or self._redelivery.done()):
+            self._redelivery = asyncio.get_running_loop().create_task(self._send_undelivered())
+
+    async def _send_undelivered(self) -> None:
+        # An abort that fails again with the connection down is kept again (by `abort`) for the next time
+        # it is back; any other failure means the worker got it (or never will: a timeout is its backstop).
+        while self.undelivered_aborts and self.client.up:
+            request_ids = list(self.undelivered_aborts)
+            self.undelivered_aborts.clear()
+            await asyncio.gather(*(self.abort(r) for r in request_ids), return_exceptions=True)
+            logger.info("sent %d aborts kept while the connection to %s was down", len(request_ids),
+                        self.client.address)  # fmt: skip
 
     async def load(self) -> WorkerLoad:
         return self._expect(await self.client.call("load", None), WorkerLoad)

@@ -271,7 +271,8 @@ class Dispatcher:
 
     def abort(self, attempt: Attempt) -> None:
         """Fire and forget an abort to the live workers still holding part of `attempt` (the caller may be a
-        cancelled task, which cannot await any more)."""
+        cancelled task, which cannot await any more); one whose control connection is down gets it once it
+        is back (`router.control_client.ControlEndpoint`)."""
         # Decode first; when decode died, the prefill worker alone (it may still hold the prompt's blocks).
         live = [w.endpoint for w in (attempt.decode, attempt.holding_prefill) if w is not None and w.alive]
         if not live:
@@ -283,7 +284,7 @@ class Dispatcher:
     def _abort_done(self, task: asyncio.Task) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            logger.warning("a request could not be aborted: %s", task.exception())
+            logger.warning("a request could not be aborted now: %s", task.exception())
 
     def _fail_requests_of(self, worker: WorkerState) -> None:
         """A worker died: resume every running request it held (decode: always; prefill: until its KV landed

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from wire import control_sockets
-from router.control_client import ControlClient, WorkerGone
+from router import control_client
+from router.control_client import ControlClient, WorkerGone, control_endpoint
 from runtime.load_board import LoadBoard
 from runtime.loop import WorkerLoop
 
@@ -159,3 +160,51 @@ def test_a_stopped_peer_is_disconnected_by_the_heartbeat_and_reached_again_once_
 
 async def _link_up(client: ControlClient) -> bool:
     return client.up
+
+
+def test_aborts_that_fail_while_the_worker_is_down_reach_it_once_it_is_back(worker, monkeypatch):
+    """An abort is never lost to a dropped connection: the endpoint keeps it (the newest ones, up to its bound)
+    and sends it on the next connection; a closed endpoint keeps none."""
+    monkeypatch.setattr(control_client, "MAX_UNDELIVERED_ABORTS", 2)
+    loop = WorkerLoop("echo", LoadBoard("echo"), lambda deliver: worker)
+    server = Server(loop.post)
+    address = server.address
+
+    async def main():
+        nonlocal server
+        endpoint, closed = control_endpoint(address), control_endpoint(address)
+        for connected in (endpoint, closed):
+            assert (await connected.load()).name == "echo"
+        server.close()
+        for request_id in ("r-0", "r-1", "r-2"):
+            await _until(lambda: _abort_fails(endpoint, request_id), f"the abort of {request_id} to fail")
+        await _until(lambda: _abort_fails(closed, "r-closed"), "the abort of r-closed to fail")
+        closed.close()  # the worker left the registry: what it kept is nobody's business any more
+        assert closed.undelivered_aborts == {}
+        assert list(endpoint.undelivered_aborts) == ["r-1", "r-2"] and endpoint.dropped_aborts == 1
+        server = Server(loop.post, address=address)
+        await _until(lambda: _aborted(worker, 2), "the kept aborts to reach the worker")
+        await endpoint.load()  # answered after the aborts sent before it: nothing more comes
+        endpoint.close()
+        return sorted(worker.aborted), endpoint.undelivered_aborts
+
+    try:
+        aborted, kept = asyncio.run(main())
+    finally:
+        server.close()
+        loop.stop()
+    assert aborted == ["r-1", "r-2"] and kept == {}
+
+
+async def _abort_fails(endpoint, request_id: str) -> bool:
+    try:
+        await asyncio.wait_for(endpoint.abort(request_id), 1.0)
+    except WorkerGone:
+        return True
+    except asyncio.TimeoutError:
+        pass
+    return False
+
+
+async def _aborted(worker, count: int) -> bool:
+    return len(worker.aborted) >= count
