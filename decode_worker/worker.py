@@ -287,7 +287,8 @@ class DecodeWorker(RequestTable):
                 delta = dataclasses.replace(delta, phases=decode_phases(record.request, record.first_token_seen,
                                                                         record.kv_landed_at, record.admitted_at))  # fmt: skip
             record.num_output = delta.first_index + len(delta.token_ids)
-            self.pushers.send(record.stream_address, delta)
+            for piece in delta.in_pieces():  # a long prompt's logprobs take several frames
+                self.pushers.send(record.stream_address, piece)
 
     def _end_stream(self, record: DecodeRecord, reason: str, finish_reason: str = "abort",
                     resumable: bool = False) -> None:  # fmt: skip

@@ -201,5 +201,6 @@ class PrefillWorker(RequestTable):
         delta = TokenDelta(request_id, 0, (token,), logprobs=logprobs,
                            prompt_logprobs=prompt_token_logprobs(out.prompt_logprobs),
                            phases=prompt_phases(record.request))  # fmt: skip
-        self.pushers.send(record.task.request.stream_address, delta)
+        for piece in delta.in_pieces():  # a long prompt's logprobs take several frames
+            self.pushers.send(record.task.request.stream_address, piece)
         self.pushers.send(record.task.reservation.inbox_address, FirstToken(request_id, token))

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from router.api_models import ChatCompletionRequest, ChatCompletionResponse
 from router.errors import bad_request
-from router.openai_common import (check_model, collect, refuse_unsupported, response_id, sampling_from,
+from router.openai_common import (check_model, collect, logprob_ids, refuse_unsupported, response_id, sampling_from,
                                   text_options_from)  # fmt: skip
 from router.limits import check_limits
 from router.served_model import ServedModel
@@ -43,7 +43,7 @@ async def create_chat_completion(body: ChatCompletionRequest, runner: RequestRun
                          runner.max_stream_backlog_bytes)  # fmt: skip
     choices = await collect(running, request)
     answers = [{"index": i, **_message_and_finish(c["text"], c["finish_reason"], tools),
-                "logprobs": _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs else None}
+                "logprobs": await _logprobs(model, c["token_ids"], c["logprobs"]) if body.logprobs else None}
                for i, c in sorted(choices.items())]  # fmt: skip
     return JSONResponse(content=ChatCompletionResponse(id=rid, created=created, model=model.name, choices=answers,
                                                        usage=running.usage(), phases=running.phases()).model_dump())
@@ -71,8 +71,8 @@ async def _chunks(running: RunningRequest, rid: str, created: int, model: Served
         delta, finish = deltas[update.index].delta(update.text, update.final, update.finish_reason)
         if delta is None and not (logprobs and update.token_ids):
             continue  # tool calls held until the choice ends
-        choice = {"index": update.index, "delta": delta or {}, "finish_reason": finish,
-                  "logprobs": _logprobs(model, update.token_ids, update.logprobs) if logprobs else None}  # fmt: skip
+        shown = await _logprobs(model, update.token_ids, update.logprobs) if logprobs else None
+        choice = {"index": update.index, "delta": delta or {}, "finish_reason": finish, "logprobs": shown}
         yield {**base, "choices": [choice]}
     if include_usage:
         yield {**base, "choices": [], "usage": running.usage(), "phases": running.phases()}
@@ -112,9 +112,11 @@ class ToolDeltas:
         return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
 
 
-def _logprobs(model: ServedModel, token_ids: list[int], logprobs: list) -> dict:
+async def _logprobs(model: ServedModel, token_ids: list[int], logprobs: list) -> dict:
+    texts = await model.token_texts_async(logprob_ids(token_ids, logprobs))
+
     def entry(token_id: int, logprob: float) -> dict:
-        text = model.token_text(token_id)
+        text = texts[token_id]
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
     return {"content": [{**entry(t, lp.logprob), "top_logprobs": [entry(alt, v) for alt, v in lp.top]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import AsyncIterator
 
@@ -10,8 +11,8 @@ from fastapi.responses import JSONResponse
 
 from router.api_models import CompletionRequest, prompt_kind
 from router.errors import bad_request
-from router.openai_common import (CHAT_ONLY, check_model, collect, refuse_unsupported, response_id, sampling_from,
-                                  text_options_from)  # fmt: skip
+from router.openai_common import (CHAT_ONLY, check_model, collect, logprob_ids, refuse_unsupported, response_id,
+                                  sampling_from, text_options_from)  # fmt: skip
 from router.limits import check_limits
 from router.prompt_echo import prompt_logprobs_asked, prompt_texts, vllm_prompt_logprobs
 from router.served_model import ServedModel
@@ -31,17 +32,17 @@ async def create_completion(body: CompletionRequest, runner: RequestRunner, requ
     sampling = sampling_from(body, model.vocab_size, min(max_tokens), body.logprobs, prompt_logprobs_asked(body))
     running = await runner.start(prompts, sampling, text_options_from(body), body.n, arrived, max_tokens)
     rid, created = response_id("cmpl")
-    echo = _Echo(body, prompts, prompt_texts(body.prompt, prompts, model) if body.echo else [], model)
+    echo = _Echo(body, prompts, await prompt_texts(body.prompt, prompts, model) if body.echo else [], model)
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return SSEStream(running, _chunks(running, rid, created, model, echo, usage), runner.max_stream_backlog_bytes)
     choices = await collect(running, request)
+    parts = {i: await echo.choice(i, c["text"], c["token_ids"], c["logprobs"], c["prompt_logprobs"])
+             for i, c in sorted(choices.items())}  # fmt: skip
     # A `CompletionResponse` as a plain dict: building and dumping the pydantic model costs every request.
     return JSONResponse(content={
         "id": rid, "object": "text_completion", "created": created, "model": model.name,
-        "choices": [{"index": i, **echo.choice(i, c["text"], c["token_ids"], c["logprobs"], c["prompt_logprobs"]),
-                     "finish_reason": c["finish_reason"]}
-                    for i, c in sorted(choices.items())],
+        "choices": [{"index": i, **parts[i], "finish_reason": c["finish_reason"]} for i, c in sorted(choices.items())],
         "usage": running.usage(), "phases": running.phases(),
     })  # fmt: skip
 
@@ -54,17 +55,22 @@ class _Echo:
         self.body, self.prompts, self.texts, self.model = body, prompts, texts, model
         self.echoed: set[int] = set()  # streamed choices whose prompt went out
 
-    def choice(self, index: int, text: str, token_ids: list[int], logprobs: list, prompt_entries) -> dict:
-        body, model = self.body, self.model
+    async def choice(self, index: int, text: str, token_ids: list[int], logprobs: list, prompt_entries) -> dict:
+        body = self.body
         prompt = self.prompts[index // body.n]
         if self.pending(index):  # the prompt's text and entries first (nulls if none arrived: it ended first)
             self.echoed.add(index)
             text = self.texts[index // body.n] + text
             token_ids, logprobs = prompt + token_ids, [*(prompt_entries or [None] * len(prompt)), *logprobs]
-        out = {"text": text, "logprobs": _logprobs(model, token_ids, logprobs, body.logprobs)
-               if body.logprobs is not None else None}  # fmt: skip
-        if body.prompt_logprobs is not None and prompt_entries:
-            out["prompt_logprobs"] = vllm_prompt_logprobs(model, prompt, prompt_entries, body.prompt_logprobs)
+        shown = body.logprobs is not None
+        vllm_prompt = body.prompt_logprobs is not None and bool(prompt_entries)
+        # Every text this choice shows, in one batched tokenizer call (on a thread for a long echoed prompt).
+        texts = await self.model.token_texts_async(itertools.chain(
+            logprob_ids(token_ids, logprobs, body.logprobs) if shown else (),
+            logprob_ids(prompt, prompt_entries, body.prompt_logprobs) if vllm_prompt else ()))  # fmt: skip
+        out = {"text": text, "logprobs": _logprobs(texts, token_ids, logprobs, body.logprobs) if shown else None}
+        if vllm_prompt:
+            out["prompt_logprobs"] = vllm_prompt_logprobs(texts, prompt, prompt_entries, body.prompt_logprobs)
         return out
 
     def pending(self, index: int) -> bool:
@@ -82,7 +88,8 @@ async def _chunks(running: RunningRequest, rid: str, created: int, model: Served
         if not (update.text or update.token_ids or update.final or echo.pending(update.index)
                 or update.prompt_logprobs):  # fmt: skip
             continue
-        parts = echo.choice(update.index, update.text, update.token_ids, update.logprobs, update.prompt_logprobs)
+        parts = await echo.choice(update.index, update.text, update.token_ids, update.logprobs,
+                                  update.prompt_logprobs)  # fmt: skip
         yield {**base, "choices": [{"index": update.index, **parts, "finish_reason": update.finish_reason}]}
     if include_usage:
         yield {**base, "choices": [], "usage": running.usage(), "phases": running.phases()}
@@ -106,10 +113,11 @@ async def _prompt_ids(prompt, model: ServedModel) -> list[list[int]]:
     return prompts
 
 
-def _logprobs(model: ServedModel, token_ids: list[int], logprobs: list, top: int | None = None) -> dict:
-    """OpenAI's completion `logprobs`; an entry None (an echoed prompt's first token) is null, and `top` cuts
-    each entry's alternatives (prompt entries may carry more than `logprobs` asked: `prompt_logprobs`)."""
-    tokens = [model.token_text(t) for t in token_ids]
+def _logprobs(texts: dict[int, str], token_ids: list[int], logprobs: list, top: int | None = None) -> dict:
+    """OpenAI's completion `logprobs`, `texts` each token's (`ServedModel.token_texts`); an entry None (an
+    echoed prompt's first token) is null, and `top` cuts each entry's alternatives (prompt entries may carry
+    more than `logprobs` asked: `prompt_logprobs`)."""
+    tokens = [texts[t] for t in token_ids]
     offsets, at = [], 0
     for text in tokens:
         offsets.append(at)
@@ -117,7 +125,7 @@ def _logprobs(model: ServedModel, token_ids: list[int], logprobs: list, top: int
     return {
         "tokens": tokens,
         "token_logprobs": [lp.logprob if lp is not None else None for lp in logprobs],
-        "top_logprobs": [{model.token_text(t): v for t, v in lp.top[:top]} if lp is not None else None
+        "top_logprobs": [{texts[t]: v for t, v in lp.top[:top]} if lp is not None else None
                          for lp in logprobs],  # fmt: skip
         "text_offset": offsets,
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Iterator
 
 from fastapi import Request
 
@@ -17,6 +18,14 @@ from router.sse_stream import until_disconnected
 from router.structured_request import structured_from
 from wire.requests import SamplingSpec
 from wire.sampling_rules import SamplingOutOfRange
+
+
+def logprob_ids(token_ids: list[int], logprobs: list, top: int | None = None) -> Iterator[int]:
+    """The ids whose texts logprobs show: each token, and the first `top` of its alternatives (all: None)."""
+    yield from token_ids
+    for lp in logprobs:
+        if lp is not None:
+            yield from (alt for alt, _ in lp.top[:top])
 
 
 def check_model(asked: str, served_name: str) -> None:

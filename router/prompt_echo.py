@@ -20,19 +20,20 @@ def prompt_logprobs_asked(body: CompletionRequest) -> int | None:
     return max(asked) if asked else None
 
 
-def prompt_texts(prompt, prompts: list[list[int]], model: ServedModel) -> list[str]:
-    """Each prompt's text as echoed: the string as given, or its token ids decoded."""
+async def prompt_texts(prompt, prompts: list[list[int]], model: ServedModel) -> list[str]:
+    """Each prompt's text as echoed: the string as given, or its token ids decoded (on a thread when long)."""
     if isinstance(prompt, str):
         return [prompt]
     if prompt and all(isinstance(p, str) for p in prompt):
         return list(prompt)
-    return [model.tokenizer.decode(ids) for ids in prompts]
+    return [await model.decode_async(ids) for ids in prompts]
 
 
-def vllm_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: tuple[TokenLogprob | None, ...],
+def vllm_prompt_logprobs(texts: dict[int, str], prompt_ids: list[int], entries: tuple[TokenLogprob | None, ...],
                          top: int) -> list[dict | None]:  # fmt: skip
     """vLLM's `prompt_logprobs`: per prompt token, None for the first, else {token id: {logprob, rank,
-    decoded_token}} for the token itself and its `top` alternatives."""
+    decoded_token}} for the token itself and its `top` alternatives; `texts` each token's
+    (`ServedModel.token_texts`)."""
     out = []
     for token, entry in zip(prompt_ids, entries):
         if entry is None:
@@ -41,6 +42,6 @@ def vllm_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: tup
         ranked = {token: (entry.logprob, entry.rank)}
         for rank, (alt, logprob) in enumerate(entry.top[:top], start=1):
             ranked.setdefault(alt, (logprob, rank))
-        out.append({str(t): {"logprob": lp, "rank": r, "decoded_token": model.token_text(t)}
+        out.append({str(t): {"logprob": lp, "rank": r, "decoded_token": texts[t]}
                     for t, (lp, r) in ranked.items()})  # fmt: skip
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Iterable
 
 from output_text import TextOptions, TextStream
 from router.config import RouterConfig
@@ -21,6 +22,9 @@ OFF_LOOP_CHARS = 16_384
 # Chats of at least this many messages are rendered on a thread (jinja is Python: the loop gets the GIL back
 # every switch interval; ~4 ms of rendering on the loop below it).
 OFF_LOOP_MESSAGES = 256
+# Token texts rendered on a thread from this many ids on (logprobs: tokens times alternatives; 4,096 took
+# 1.5 ms in one batched call, 15 ms as one decode each).
+OFF_LOOP_TOKEN_TEXTS = 4096
 
 
 class ServedModel:
@@ -31,6 +35,12 @@ class ServedModel:
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
         # The Rust tokenizer itself: transformers' __call__ wraps it in ~10x its cost for one string.
         self._backend = self.tokenizer.backend_tokenizer
+        # What `tokenizer.decode` does after the Rust decode (transformers skips the clean-up for BPE models
+        # unless told to corrupt): `token_texts` decodes through the Rust tokenizer and must give the same text.
+        forced = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+        bpe = type(self._backend.model).__name__ == "BPE"
+        self._cleans_up_decoded = bool(self.tokenizer.clean_up_tokenization_spaces) and (
+            not bpe or bool(getattr(self.tokenizer, forced, False)))
         self.vocab_size = len(self.tokenizer)
         self.max_model_len = config.max_model_len or _context_length(config.model_dir)
         self._chat_template = config.chat_template
@@ -130,10 +140,26 @@ class ServedModel:
         """A sequence's output text: the router owns it (workers see token ids only)."""
         return TextStream(self.tokenizer, prompt_ids, options)
 
-    def token_text(self, token_id: int) -> str:
-        """A token's text; its vocabulary form when alone it is part of a character (else several read "\ufffd")."""
-        text = self.tokenizer.decode([token_id])
-        return self.tokenizer.convert_ids_to_tokens(token_id) if "\ufffd" in text else text
+    def token_texts(self, token_ids: Iterable[int]) -> dict[int, str]:
+        """Each distinct token's text as logprobs show it: `tokenizer.decode([id])`, or its vocabulary form when
+        alone it is part of a character (else several read "\ufffd"). Two tokenizer calls for all of them: a
+        call per token and alternative held the event loop for seconds."""
+        ids = list(dict.fromkeys(token_ids))
+        texts = self._backend.decode_batch([[t] for t in ids], skip_special_tokens=False)
+        if self._cleans_up_decoded:
+            texts = [self.tokenizer.clean_up_tokenization(text) for text in texts]
+        partial = [i for i, text in enumerate(texts) if "\ufffd" in text]
+        for i, token in zip(partial, self.tokenizer.convert_ids_to_tokens([ids[i] for i in partial])):
+            texts[i] = token
+        return dict(zip(ids, texts))
+
+    async def token_texts_async(self, token_ids: Iterable[int]) -> dict[int, str]:
+        """`token_texts`, on a thread when there are many (a long echoed prompt's alternatives: the rendering is
+        proportional to the client's input)."""
+        ids = list(token_ids)
+        if len(ids) < OFF_LOOP_TOKEN_TEXTS:
+            return self.token_texts(ids)
+        return await asyncio.to_thread(self.token_texts, ids)
 
 
 def _context_length(model_dir: str) -> int:

@@ -78,6 +78,7 @@ class RequestOutputs:
         self._offset = 0  # tokens handed out before this attempt began: its index 0 is our `_offset`
         self._num_cached = 0  # the whole request's, from the latest delta that counted them
         self._prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # the first attempt's, until handed out
+        self._prompt_logprobs_whole = False  # every piece of them arrived
         self._prompt_logprobs_taken = False
         self.delivered: list[int] = []  # every token id handed out, in order
         self.prompt_phases: PhaseTimes | None = None  # the current attempt's prefill worker's (router.phases)
@@ -124,9 +125,9 @@ class RequestOutputs:
             index = self._offset + item.first_index + i
             if index >= self._next:
                 self._tokens.setdefault(index, (token, logprob))  # the first to arrive is the one shown
-        if item.prompt_logprobs and not self._offset and not self._prompt_logprobs:
-            # Only a prompt no output was added to scores the request's own prompt; the first to arrive is kept.
-            self._prompt_logprobs = item.prompt_logprobs
+        if item.prompt_logprobs and not self._offset and not self._prompt_logprobs_whole:
+            # Only a prompt no output was added to scores the request's own prompt.
+            self._gather_prompt_logprobs(item)
         if item.phases is not None and not item.finished:  # the prefill worker's, with the first token
             self.prompt_phases = item.phases
         whole = item.shifted(self._offset)  # its counts as if the request had run in one piece
@@ -137,6 +138,16 @@ class RequestOutputs:
         elif item.finished:
             self._final = whole
 
+    def _gather_prompt_logprobs(self, item: TokenDelta) -> None:
+        """A piece of the prompt's logprobs (`TokenDelta.in_pieces`). One worker's pieces arrive in prompt order,
+        the last with its tokens; a second worker's (decode computing the prompt again) overlap the first's,
+        and an entry already held is kept (the first to arrive is the one shown)."""
+        held = len(self._prompt_logprobs)
+        if item.prompt_logprobs_from > held:
+            return  # an earlier piece was lost (its sender's queue was full): these cannot be placed
+        self._prompt_logprobs += item.prompt_logprobs[held - item.prompt_logprobs_from :]
+        self._prompt_logprobs_whole = bool(item.token_ids)
+
     def _take_ready(self) -> OutputChunk:
         chunk = OutputChunk([], num_cached_tokens=self._num_cached)
         while self._next in self._tokens:
@@ -146,7 +157,7 @@ class RequestOutputs:
                 chunk.logprobs.append(logprob)
             self._next += 1
         chunk.given_up, self._given_up = self._given_up, None
-        if self._prompt_logprobs and not self._prompt_logprobs_taken:
+        if self._prompt_logprobs_whole and not self._prompt_logprobs_taken:
             chunk.prompt_logprobs, self._prompt_logprobs_taken = self._prompt_logprobs, True
         self.delivered += chunk.token_ids
         if self._final is not None and self._next >= self._final.num_output_tokens:

@@ -136,6 +136,12 @@ class PhaseTimes:
     first_decode_s: float = 0.0
 
 
+# Prompt logprobs per token-stream delta. An entry with MAX_LOGPROBS alternatives encodes to at most 419 bytes
+# (64-bit ids and rank; tests/wire/test_prompt_logprob_pieces.py), so a piece stays under 2 MiB, half the
+# stream's 4 MiB frame bound (`wire.socket_security.SMALL_MESSAGE_BYTES`); a 13k-token prompt's were over it.
+PROMPT_LOGPROBS_PER_DELTA = 4096
+
+
 @message
 class TokenDelta:
     """New output tokens of one request; the last one has `finished` and the usage counts."""
@@ -156,6 +162,23 @@ class TokenDelta:
     # first None (nothing precedes it to score it).
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     phases: PhaseTimes | None = None  # the prefill worker's with the first token, decode's with the final delta
+    # The prompt index of prompt_logprobs[0]: a long prompt's logprobs come in pieces (`in_pieces`).
+    prompt_logprobs_from: int = 0
+
+    def in_pieces(self) -> tuple[TokenDelta, ...]:
+        """This delta as the token stream sends it: each under the stream's frame bound (a larger frame makes
+        libzmq drop the sender's connection). Prompt logprobs past one piece go first, in deltas of their own
+        with no tokens, in prompt order; the last piece rides with this delta's tokens, so the delta that
+        carries tokens is the one that completes them (one sender's deltas arrive in the order sent)."""
+        entries = self.prompt_logprobs
+        if len(entries) <= PROMPT_LOGPROBS_PER_DELTA:
+            return (self,)
+        starts = range(0, len(entries), PROMPT_LOGPROBS_PER_DELTA)
+        pieces = [TokenDelta(self.request_id, self.first_index, (), prompt_logprobs_from=start,
+                             prompt_logprobs=entries[start : start + PROMPT_LOGPROBS_PER_DELTA])
+                  for start in starts[:-1]]  # fmt: skip
+        last = dataclasses.replace(self, prompt_logprobs=entries[starts[-1] :], prompt_logprobs_from=starts[-1])
+        return (*pieces, last)
 
     def shifted(self, done: int) -> TokenDelta:
         """This delta of an attempt that continues after `done` output tokens (its prompt ends with them),

@@ -70,3 +70,38 @@ def test_a_chat_of_more_messages_than_context_tokens_is_refused_before_its_templ
     many = [{"role": "user", "content": "a"}] * OFF_LOOP_MESSAGES  # rendered on a thread: the same ids
 
     assert asyncio.run(model.encode_chat_async(many)) == model.encode_chat(many)
+
+
+def _token_text_one_by_one(tokenizer, token_id: int) -> str:
+    """What logprobs showed before the batched call: one decode per token, its vocabulary form when partial."""
+    text = tokenizer.decode([token_id])
+    return tokenizer.convert_ids_to_tokens(token_id) if "\ufffd" in text else text
+
+
+def test_token_texts_in_one_call_equal_one_decode_per_token_over_every_tiny_models_vocabulary(tiny_model_dirs):
+    for arch, model_dir in tiny_model_dirs.items():
+        model = ServedModel(RouterConfig(model_dir))
+        ids = [*range(model.vocab_size), 5, 5]  # repeats come back once
+        texts = model.token_texts(ids)
+        assert list(texts) == list(range(model.vocab_size)), arch
+        assert texts == {t: _token_text_one_by_one(model.tokenizer, t) for t in range(model.vocab_size)}, arch
+        assert any("\ufffd" in model.tokenizer.decode([t]) for t in texts) or arch != "llama"  # the partial path ran
+
+
+def test_many_token_texts_are_rendered_off_the_event_loop(tiny_model_dirs):
+    import asyncio
+    import threading
+
+    from router.served_model import OFF_LOOP_TOKEN_TEXTS
+
+    model = ServedModel(RouterConfig(tiny_model_dirs["llama"]))
+    threads = []
+    model.token_texts = lambda ids, plain=model.token_texts: threads.append(threading.get_ident()) or plain(ids)
+
+    async def render(count: int) -> dict[int, str]:
+        return await model.token_texts_async(t % model.vocab_size for t in range(count))
+
+    loop_thread = threading.get_ident()
+    few, many = asyncio.run(render(10)), asyncio.run(render(OFF_LOOP_TOKEN_TEXTS))
+    assert threads[0] == loop_thread and threads[1] != loop_thread
+    assert len(few) == 10 and len(many) == min(OFF_LOOP_TOKEN_TEXTS, model.vocab_size)

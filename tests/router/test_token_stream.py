@@ -79,3 +79,60 @@ def test_with_a_cluster_key_a_request_takes_deltas_only_from_the_workers_it_runs
 
 async def _all(chunks) -> list:
     return [c async for c in chunks]
+
+
+def _long_prompt_delta(request_id: str, num_prompt_tokens: int = 13_000) -> TokenDelta:
+    """A first-token delta with prompt logprobs as lm-eval asks them, over the stream's 4 MiB frame bound."""
+    top = tuple((150_000 + j, -1.0 - j) for j in range(20))
+    entries = (None, *(TokenLogprob(-0.5 - i, top, 100_000 + i) for i in range(num_prompt_tokens - 1)))
+    return TokenDelta(request_id, 0, (10,), prompt_logprobs=entries)
+
+
+def test_a_long_prompts_logprobs_arrive_whole_with_the_first_token_over_real_zmq():
+    """As the prefill worker sends them (`TokenDelta.in_pieces`), past the frame bound that made libzmq drop the
+    worker's connection; a second worker's overlapping pieces (decode computing the prompt again) change nothing."""
+
+    async def main():
+        stream = TokenStreamConsumer()
+        await stream.start()
+        outputs = stream.open("a")
+        prefill, decode = Pushers(), Pushers()
+        first = _long_prompt_delta("a")
+        pieces = first.in_pieces()
+        assert len(pieces) > 1
+        decode.send(stream.address, pieces[1])  # another worker's piece, overlapping prefill's
+        await asyncio.sleep(0.05)
+        for piece in pieces:
+            prefill.send(stream.address, piece)
+        decode.send(stream.address, TokenDelta("a", 1, (11,), True, "length", 13_000, 2, 0))
+        chunks = await asyncio.wait_for(_all(outputs.chunks()), 20)
+        prefill.close(), decode.close()
+        await stream.close()
+        return first, chunks
+
+    first, chunks = asyncio.run(main())
+    assert [t for c in chunks for t in c.token_ids] == [10, 11]
+    (whole,) = [c.prompt_logprobs for c in chunks if c.prompt_logprobs]
+    assert whole == first.prompt_logprobs
+    assert 10 in chunks[[bool(c.prompt_logprobs) for c in chunks].index(True)].token_ids  # with the first token
+
+
+def test_one_frame_over_the_bound_is_dropped_with_its_senders_connection():
+    """Why the pieces: the whole delta as one frame never reaches the router."""
+
+    async def main():
+        stream = TokenStreamConsumer()
+        await stream.start()
+        outputs = stream.open("a")
+        prefill = Pushers()
+        prefill.send(stream.address, _long_prompt_delta("a"))
+        try:
+            await asyncio.wait_for(_all(outputs.chunks()), 1.0)
+            return False
+        except asyncio.TimeoutError:
+            return True
+        finally:
+            prefill.close()
+            await stream.close()
+
+    assert asyncio.run(main())
