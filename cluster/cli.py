@@ -20,6 +20,7 @@ says why, stops what is left and exits with status 1 (`cluster.lifeline`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -136,12 +137,17 @@ def serve(args: argparse.Namespace) -> None:
     import ray
 
     from cluster.deployment import Deployment, connect_ray
-    from cluster.lifeline import Lifeline
+    from cluster.lifeline import Lifeline, exit_now
+    from cluster.ray_leftovers import EmbeddedRayProcesses
 
     _stop_on_signals()
     where = connect_ray(args.address)
     _stop_on_signals()  # again: ray.init may install its own
-    lifeline = Lifeline(ray.get_runtime_context().gcs_address).start()
+    embedded_ray = None if args.address else EmbeddedRayProcesses()
+    if embedded_ray is not None:
+        embedded_ray.note()  # Ray's core and its agents, started by now (the lifeline adds later ones)
+    lifeline = Lifeline(ray.get_runtime_context().gcs_address, give_up=functools.partial(exit_now, embedded_ray=embedded_ray),
+                        on_check=embedded_ray.note if embedded_ray else lambda: None).start()  # fmt: skip
     deployment = None
     try:
         from cluster.layout import Machines, choose_layout
@@ -176,8 +182,16 @@ def serve(args: argparse.Namespace) -> None:
         gone = lifeline.gone
         if deployment is not None:
             deployment.stop(ray_alive=gone is None or gone.ray_alive)
-        ray.shutdown()
+        if embedded_ray is not None and gone is not None and not gone.ray_alive:
+            embedded_ray.end()  # what its dead core left; ray.shutdown() would wait on the dead raylet first
+        else:
+            ray.shutdown()
     print("tandem: stopped", flush=True)
+    if embedded_ray is not None and gone is not None and not gone.ray_alive:
+        # Ray's core worker in this process outlives its raylet: the interpreter's exit would crash in it
+        # (SIGSEGV, measured). End the process as the lifeline's last resort does, with main's message.
+        print(f"tandem: error: {gone}", file=sys.stderr, flush=True)
+        os._exit(1)
     if gone is not None:
         raise gone  # main: the message, status 1
 

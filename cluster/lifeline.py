@@ -41,8 +41,11 @@ class Lifeline:
 
     def __init__(self, gcs_address: str, interval_s: float = 1.0, misses_before_gone: int = 3, grace_s: float = 5.0,
                  interrupt: Callable[[], None] = _thread.interrupt_main,
-                 give_up: Callable[[ClusterGone], None] | None = None):  # fmt: skip
+                 give_up: Callable[[ClusterGone], None] | None = None,
+                 on_check: Callable[[], None] = lambda: None):  # fmt: skip
+        """`on_check` runs on the lifeline's thread after each check that found Ray's GCS there."""
         self.gcs_address, self.interval_s, self.misses_before_gone = gcs_address, interval_s, misses_before_gone
+        self._on_check = on_check
         self.grace_s = grace_s
         self.gone: ClusterGone | None = None
         self._interrupt, self._give_up = interrupt, give_up or exit_now
@@ -103,6 +106,8 @@ class Lifeline:
             gcs_misses = 0 if gcs_reachable(self.gcs_address) else gcs_misses + 1
             if gcs_misses >= self.misses_before_gone:
                 raise ClusterGone(f"the Ray cluster is gone: its GCS at {self.gcs_address} refuses connections", False)
+            if not gcs_misses:
+                self._on_check()
             if gcs_misses or self._controller is None:
                 continue  # no call through Ray while its GCS is away: one could wait past Ray's own 60 s exit
             alive = controller_alive(self._controller, self.interval_s * 10)
@@ -111,13 +116,16 @@ class Lifeline:
                 raise ClusterGone("the controller actor is dead for good (Ray will not restart it again)", True)
 
 
-def exit_now(gone: ClusterGone) -> None:
+def exit_now(gone: ClusterGone, embedded_ray=None) -> None:
     """The last resort when the main thread is stuck in a call through a Ray that is gone: say so, end.
-    Of the cleanup it skips, only the admin token's file would outlive the process: it is removed here."""
+    Of the cleanup it skips, the admin token's file and an embedded Ray's orphaned processes
+    (`cluster.ray_leftovers.EmbeddedRayProcesses`) would outlive the process: they are ended here."""
     from cluster.admin_token import forget_written
 
     print(f"tandem: {gone}; shutting down\ntandem: error: {gone}", flush=True)
     forget_written()
+    if embedded_ray is not None and not gone.ray_alive:
+        embedded_ray.end()
     os._exit(1)
 
 
