@@ -12,11 +12,13 @@ drives it twice:
             compute-bound: the factor for them is not the decode steps'); with several workers, its TPOT
             against the simulator's gives `per_round_s`, serving's own time around each step (its I/O
             thread, the router on the same cores), with no neighbour contending (`alone_step_factor` 1.0);
-  beside    with several workers, first: one long stream decoding on one worker, and prompts of two lengths
-            prefilled one at a time on another (a new prompt goes to the worker that remembers the fewest
-            blocks: the stream's long prompt keeps the probes off its worker); what their prefill takes over
-            the simulator's price of it alone gives the line of `prompt_contention_s` and
-            `prompt_contention_per_token_s` (a short prompt feels a decoding neighbour most);
+  beside    with several workers, first: one long stream decoding on one worker, alone for a second, then
+            prompts of two lengths prefilled one at a time on another (a new prompt goes to the worker that
+            remembers the fewest blocks: the stream's long prompt keeps the probes off its worker); what
+            their prefill takes over the simulator's price of it alone gives the line of
+            `prompt_contention_s` and `prompt_contention_per_token_s` (a short prompt feels a decoding
+            neighbour most), and the stream's time per token while they prefill against before them gives
+            `beside_prefill_factor` (a decode step beside a prefilling worker);
   loaded    Poisson arrivals at about half the pool's capacity: its mean TPOT against the simulator's on the
             same requests gives, with several workers, `step_factor` (the served step over the profiled one
             while the host's other workers step too: they contend for its cores and memory), and with one
@@ -47,7 +49,16 @@ IDLE_REQUESTS, IDLE_PROMPT, IDLE_OUTPUT = 5, 256, 32
 NOTE_START = "serving calibrated"
 BESIDE_STREAM_PROMPT, BESIDE_STREAM_OUTPUT = 1536, 1000  # closed once the probes are done
 BESIDE_PROBES = (128, 128, 128, 768, 768)  # short ones first: the probes' blocks stay below the stream's
+BESIDE_QUIET_S = 1.0  # the stream alone before the probes: its time per token with no neighbour at work
 LOAD = dict(num_prompts=24, random_input_len=384, random_output_len=96, seed=5, ignore_eos=True)
+
+
+@dataclass
+class BesideAStream:
+    """The `beside` phase: the long stream (closed after the probes) and the probes prefilled beside it."""
+
+    stream: "Outcome"
+    probes: list["Outcome"]
 
 
 @dataclass
@@ -78,7 +89,7 @@ def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: C
     try:
         deployment.start()
         server = (f"{deployment.url}/v1/completions", deployment.config.model_name)
-        beside = []
+        beside = None
         if replicas > 1:
             on_progress("serving calibration: prompts beside a decoding worker")
             beside = _beside_a_stream(server)
@@ -94,7 +105,7 @@ def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: C
 
 
 def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list[SimRequest],
-            loaded: list[Outcome], beside: list[Outcome] = ()) -> Profile:  # fmt: skip
+            loaded: list[Outcome], beside: BesideAStream | None = None) -> Profile:  # fmt: skip
     from runtime.arrival_window import ArrivalWindowConfig
 
     serving = profile.serving
@@ -105,7 +116,9 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
     prefill_factor = prefill / profiled_prefill if prefill > 0 else None  # no phases: the step factors throughout
     serving = dataclasses.replace(serving, request_s=request_s, step_factor=1.0, alone_step_factor=None,
                                   prefill_factor=prefill_factor)  # fmt: skip
-    serving = dataclasses.replace(serving, **_prompt_contention(profile, prefill_factor, beside))
+    beside_prefill_factor = _beside_prefill_factor(profile, beside) if beside else None
+    serving = dataclasses.replace(serving, **_prompt_contention(profile, prefill_factor, beside),
+                                  beside_prefill_factor=beside_prefill_factor)  # fmt: skip
     alone = ""
     if replicas > 1:  # serving's own time around each step, measured where no neighbour contends
         idle_tpot = _mean_tpot(idle)
@@ -136,7 +149,9 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
     if beside:
         prompt_fit += (f"prompt_contention_s {serving.prompt_contention_s * 1e3:.1f} ms + "
                        f"{serving.prompt_contention_per_token_s * 1e6:.1f} us a prompt token beside a decoding "
-                       f"worker ({_beside_summary(beside)}), ")  # fmt: skip
+                       f"worker ({_beside_summary(beside.probes)}), ")  # fmt: skip
+    if serving.beside_prefill_factor is not None:
+        prompt_fit += f"beside_prefill_factor {serving.beside_prefill_factor:.3f}, "
     note = (f"{NOTE_START} on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
             f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), {prompt_fit}{loaded_fit} (served TPOT "
             f"{real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip
@@ -144,11 +159,12 @@ def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list
     return dataclasses.replace(profile, serving=serving, notes=(*kept, note))
 
 
-def _prompt_contention(profile: Profile, prefill_factor: float | None, beside: list[Outcome]) -> dict[str, float]:
+def _prompt_contention(profile: Profile, prefill_factor: float | None,
+                       beside: BesideAStream | None) -> dict[str, float]:  # fmt: skip
     """The line through the median extra prefill time of the short and of the long probes beside a decoding
     worker (over the simulator's price of each alone), neither term below 0; both 0 without probes."""
     extra: dict[int, list[float]] = {}
-    for o in beside:
+    for o in beside.probes if beside else ():
         if o.phases.get("prefill_s"):
             alone = profile.step_seconds(StepShape.prefill(o.prompt_len)) * (prefill_factor or 1.0)
             extra.setdefault(o.prompt_len, []).append(o.phases["prefill_s"] - alone)
@@ -164,6 +180,33 @@ def _prompt_contention(profile: Profile, prefill_factor: float | None, beside: l
     return {"prompt_contention_s": step, "prompt_contention_per_token_s": per_token}
 
 
+def _beside_prefill_factor(profile: Profile, beside: BesideAStream) -> float | None:
+    """The stream's time per token while the probes were prefilled over its time alone (the quiet second
+    before them): 1 + the difference over the profiled step of its one row, at least 1; None when too few of
+    its tokens fell in either (a token's time: the gap that ended with it, counted beside a prefill when the
+    whole gap lies inside one)."""
+    tokens = _token_times(beside.stream)
+    gaps = list(zip(tokens[1:], beside.stream.itl))  # (when a token arrived, the gap before it)
+    prefills = [(o.start_time + o.ttft - o.phases["prefill_s"], o.start_time + o.ttft)
+                for o in beside.probes if o.success and o.phases.get("prefill_s")]  # fmt: skip
+    alone = [gap for at, gap in gaps if at <= tokens[0] + BESIDE_QUIET_S]
+    during = [gap for at, gap in gaps if any(start <= at - gap and at <= end for start, end in prefills)]
+    if len(alone) < 5 or len(during) < 5:
+        return None
+    step = profile.step_seconds(StepShape.decode(1, BESIDE_STREAM_PROMPT + len(alone)))
+    return max(1.0, 1.0 + (statistics.mean(during) - statistics.mean(alone)) / step)
+
+
+def _token_times(outcome: Outcome) -> list[float]:
+    """When each token of `outcome` arrived (its client's clock)."""
+    if not outcome.success:
+        return []
+    times = [outcome.start_time + outcome.ttft]
+    for gap in outcome.itl:
+        times.append(times[-1] + gap)
+    return times
+
+
 def _beside_summary(beside: list[Outcome]) -> str:
     by_length: dict[int, list[float]] = {}
     for o in beside:
@@ -171,20 +214,29 @@ def _beside_summary(beside: list[Outcome]) -> str:
     return ", ".join(f"{n} tokens prefilled in {statistics.median(t) * 1e3:.0f} ms" for n, t in sorted(by_length.items()))
 
 
-def _beside_a_stream(server: tuple[str, str]) -> list[Outcome]:
-    """The probes' outcomes, each prefilled while one long stream decodes on another worker (see the module
-    doc); the stream is closed when they are done."""
+def _beside_a_stream(server: tuple[str, str]) -> BesideAStream:
+    """One long stream decoding on one worker, alone for `BESIDE_QUIET_S`, then the probes prefilled one at a
+    time on another (see the module doc); the stream is closed when they are done."""
     started, done = threading.Event(), threading.Event()
-    stream = threading.Thread(target=_one, args=(server, _prompt(BESIDE_STREAM_PROMPT, seed=-1), BESIDE_STREAM_OUTPUT),
-                              kwargs={"first_token": started, "stop": done}, daemon=True)  # fmt: skip
-    stream.start()
+    streamed: list[Outcome] = []
+
+    def stream() -> None:
+        prompt = _prompt(BESIDE_STREAM_PROMPT, seed=-1)
+        streamed.append(_one(server, prompt, BESIDE_STREAM_OUTPUT, first_token=started, stop=done))
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
     try:
         if not started.wait(120):
             raise RuntimeError("serving calibration: the background stream sent no token in 120 s")
-        return [_one(server, _prompt(n, seed=100 + i), 2) for i, n in enumerate(BESIDE_PROBES)]
+        time.sleep(BESIDE_QUIET_S)
+        probes = [_one(server, _prompt(n, seed=100 + i), 2) for i, n in enumerate(BESIDE_PROBES)]
     finally:
         done.set()
-        stream.join(60)
+        thread.join(60)
+    if not streamed:
+        raise RuntimeError("serving calibration: the background stream did not end when asked")
+    return BesideAStream(streamed[0], probes)
 
 
 def _solved(simulated: Callable[[float], float], target: float, low: float, high: float) -> float:

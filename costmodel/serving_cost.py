@@ -24,6 +24,14 @@ cores (AMD EPYC, 1 thread a worker, 2026-11-26 23:25-00:08), a decode worker bes
 (1.26) predicted 58-59; counting only decoding neighbours, 1P+1D's TPOT p50 error over three passes of
 bench_plan went from -6..+40% to -17..+18%.
 
+  beside_prefill_factor
+                     a decode step's factor while the host's other workers prefill (prefill workers with
+                     work), between `alone_step_factor` and it by the share of them prefilling (None: not
+                     measured, served as alone). On 2 cores (AMD EPYC, 1 thread a worker) a decode worker
+                     beside a busy prefill worker was served as alone on 2026-11-26 and at ~1.2x on
+                     2026-11-27 (1P+1D's TPOT under-predicted -5..-27%): the VM's own state, so it is
+                     calibrated with the rest, per pass.
+
   prefill_factor     the same for a step's prompt tokens: measured on the idle requests' prefill (None:
                      the step factors for every token). Prompt tokens are compute-bound and barely feel
                      the neighbours: on 2 cores (AMD EPYC, 1 thread a worker) a 1,536-token prompt was
@@ -57,6 +65,9 @@ class Neighbours:
     decoding: float
 
 
+_MAY_BE_NONE = ("alone_step_factor", "prefill_factor", "beside_prefill_factor")
+
+
 @dataclass(frozen=True)
 class ServingCost:
     request_s: float = 0.002  # router: HTTP body, tokenize, admit and route one request
@@ -66,13 +77,14 @@ class ServingCost:
     step_factor: float = 1.0  # served step / profiled step, the host's other workers busy (see the module doc)
     alone_step_factor: float | None = None  # the same, none of them busy; None: step_factor
     prefill_factor: float | None = None  # served / profiled time of prompt tokens; None: the step factors
+    beside_prefill_factor: float | None = None  # a decode step beside prefilling neighbours; None: as alone
     prompt_contention_s: float = 0.0  # a step with prompt tokens, its other workers decoding: added seconds
     prompt_contention_per_token_s: float = 0.0  # ... and added seconds per prompt token of it
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if not (value is None and f.name in ("alone_step_factor", "prefill_factor")) and not value >= 0:
+            if not (value is None and f.name in _MAY_BE_NONE) and not value >= 0:
                 raise ValueError(f"serving cost {f.name} must be >= 0, got {value}")
 
     def factor_at(self, others_busy: float | None) -> float:
@@ -88,8 +100,10 @@ class ServingCost:
         """The served step over the profiled one for a step whose tokens are `prompt_share` (0 to 1) prompt
         tokens, the rest decode rows, beside `neighbours` (None: alone on its host): prompt tokens at their
         own factor, decode rows slowed by the neighbours that decode (memory-bound steps contend for memory
-        bandwidth; a neighbour's prompt barely slows them)."""
+        bandwidth) and, where measured, by those that prefill (`beside_prefill_factor`)."""
         decode = self.factor_at(None if neighbours is None else neighbours.decoding)
+        if neighbours is not None and self.beside_prefill_factor is not None and self.alone_step_factor is not None:
+            decode += (self.beside_prefill_factor - self.alone_step_factor) * (neighbours.busy - neighbours.decoding)
         if self.prefill_factor is None:
             return decode
         return prompt_share * self.prefill_factor + (1.0 - prompt_share) * decode

@@ -53,17 +53,25 @@ def test_several_workers_are_fitted_a_time_per_step_alone_and_a_factor_beside_bu
     assert simulated == pytest.approx(0.05, rel=0.05)  # steep there: slower steps overlap more and queue more
 
 
-def _beside(profile, extra_short: float, extra_long: float):
-    """The probes as served beside a decoding worker: the simulator's price alone (the idle prefill's factor,
-    0.25 / 0.266) plus `extra_*` seconds."""
+def _beside(profile, extra_short: float, extra_long: float, itl_alone: float = 0.03, itl_beside: float = 0.03):
+    """The probes as served beside a decoding worker, 2 s apart from 10 s on: the simulator's price alone (the
+    idle prefill's factor, 0.25 / 0.266) plus `extra_*` seconds; and the stream beside them, its first token at
+    9 s, then one every `itl_beside` while a probe is prefilled and every `itl_alone` otherwise."""
     from costmodel import StepShape
 
-    def probe(n: int, extra: float):
+    def probe(i: int, n: int):
         alone = profile.step_seconds(StepShape.prefill(n)) * 0.25 / 0.266
-        return _served(n, 2, alone + extra, 0.01, {"prefill_s": alone + extra})
+        served = alone + (extra_short if n == min(calibration.BESIDE_PROBES) else extra_long)
+        return calibration.Outcome(n, 10.0 + 2 * i, True, served, served + 0.01, [0.01], {"prefill_s": served})
 
-    return [probe(n, extra_short if n == min(calibration.BESIDE_PROBES) else extra_long)
-            for n in calibration.BESIDE_PROBES]  # fmt: skip
+    probes = [probe(i, n) for i, n in enumerate(calibration.BESIDE_PROBES)]
+    times = [9.0]
+    while times[-1] < 20.0:
+        prefilling = any(p.start_time < times[-1] <= p.start_time + p.ttft for p in probes)
+        times.append(times[-1] + (itl_beside if prefilling else itl_alone))
+    stream = calibration.Outcome(calibration.BESIDE_STREAM_PROMPT, 0.0, True, 9.0, times[-1],
+                                 [b - a for a, b in zip(times, times[1:])])  # fmt: skip
+    return calibration.BesideAStream(stream, probes)
 
 
 def test_prompts_beside_a_decoding_worker_fit_the_line_through_their_extra_time():
@@ -81,3 +89,17 @@ def test_prompts_beside_a_decoding_worker_fit_the_line_through_their_extra_time(
     # Without probes (one worker: no neighbour to measure beside) an earlier calibration's line goes too.
     again = calibration._fitted(fitted, 1, idle, calibration._load(profile, 1), loaded).serving
     assert (again.prompt_contention_s, again.prompt_contention_per_token_s) == (0.0, 0.0)
+
+
+def test_the_stream_beside_the_prefilling_probes_fits_the_factor_of_a_decode_step_beside_a_prefill():
+    profile = _profile()
+    idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)
+    beside = _beside(profile, 0.04, 0.09, itl_alone=0.030, itl_beside=0.045)
+    fitted = calibration._fitted(profile, 2, idle, requests, loaded, beside).serving
+    step = profile.step_seconds(calibration.StepShape.decode(1, calibration.BESIDE_STREAM_PROMPT + 34))
+    assert fitted.beside_prefill_factor == pytest.approx(1 + 0.015 / step, rel=0.05)
+    assert "beside_prefill_factor" in calibration._fitted(profile, 2, idle, requests, loaded, beside).notes[-1]
+    unslowed = calibration._fitted(profile, 2, idle, requests, loaded, _beside(profile, 0.04, 0.09)).serving
+    assert unslowed.beside_prefill_factor == pytest.approx(1.0, abs=0.02)
+    alone = calibration._fitted(profile, 1, idle, calibration._load(profile, 1), loaded).serving
+    assert alone.beside_prefill_factor is None  # one worker: no neighbour to measure beside

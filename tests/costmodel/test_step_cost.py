@@ -130,3 +130,15 @@ def test_prompt_contention_is_a_line_in_prompt_tokens_at_the_share_of_neighbours
     assert serving.prompt_contention(Neighbours(1.0, 1.0), 0) == 0.0  # a decode step: the factors price it
     older = {k: v for k, v in serving.to_dict().items() if not k.startswith("prompt_contention")}
     assert ServingCost.from_dict(older).prompt_contention(Neighbours(1.0, 1.0), 100) == 0.0
+
+
+def test_a_decode_step_beside_prefilling_neighbours_is_served_at_the_beside_prefill_factor():
+    serving = ServingCost(step_factor=1.3, alone_step_factor=1.0, beside_prefill_factor=1.2)
+    assert serving.factor_for(Neighbours(1.0, 0.0), 0.0) == pytest.approx(1.2)  # beside a busy prefill worker
+    assert serving.factor_for(Neighbours(1.0, 1.0), 0.0) == pytest.approx(1.3)  # beside one that decodes
+    assert serving.factor_for(Neighbours(1.0, 0.5), 0.0) == pytest.approx(1.25)  # one of each
+    assert serving.factor_for(Neighbours(0.0, 0.0), 0.0) == pytest.approx(1.0)  # neighbours idle
+    assert serving.factor_for(None, 0.0) == pytest.approx(1.0)
+    unmeasured = ServingCost(step_factor=1.3, alone_step_factor=1.0)
+    assert unmeasured.factor_for(Neighbours(1.0, 0.0), 0.0) == pytest.approx(1.0)  # not measured: as alone
+    assert ServingCost.from_dict(unmeasured.to_dict()).beside_prefill_factor is None

@@ -137,6 +137,10 @@ def test_decode_rows_are_slowed_by_neighbours_that_decode_not_by_a_busy_prefill_
 
     assert first_stream(contended, 1) == pytest.approx(first_stream(base, 1))
     assert sum(first_stream(contended, 0)) > sum(first_stream(base, 0)) * 1.3
+    # Where a decode step beside a prefilling worker was measured slower, the stream beside it is too.
+    beside_prefill = dataclasses.replace(contended, serving=dataclasses.replace(contended.serving,
+                                                                                beside_prefill_factor=2.0))  # fmt: skip
+    assert sum(first_stream(beside_prefill, 1)) > sum(first_stream(base, 1)) * 1.3
 
 
 def test_colocated_workers_are_chosen_by_prefix_so_a_shared_prompt_is_computed_once():
