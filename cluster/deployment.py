@@ -72,6 +72,7 @@ def router_config(spec: ClusterSpec):
         max_predicted_ttft_s=r.max_predicted_ttft_s,
         api_key=r.api_key or None,
         max_request_body_bytes=r.max_request_body_bytes,
+        max_buffered_body_bytes=r.max_buffered_body_bytes,
         tool_call_parser=r.tool_call_parser or None,
         allowed_hosts=tuple(r.allowed_hosts),
         connections=r.connections.limits(),

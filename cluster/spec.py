@@ -100,6 +100,7 @@ class RouterSpec(_Strict):
     max_predicted_ttft_s: float = Field(60.0, ge=0)  # 429 for a request predicted to wait longer (0: off)
     api_key: str = Field("", repr=False)  # "": the API is open; else /v1/* and /admin/* need it as a Bearer token
     max_request_body_bytes: int = Field(8 << 20, ge=1)
+    max_buffered_body_bytes: int = Field(256 << 20, ge=1)  # all bodies buffered at once; past it 503 + Retry-After
     # SIGTERM or Ctrl-C: admission closes (503, /health fails) and what is in flight may finish for this long
     # before the workers stop (Kubernetes' default grace before SIGKILL is 30 s too)
     shutdown_grace_s: float = Field(30.0, ge=0)

@@ -102,7 +102,8 @@ def create_app(config: RouterConfig, registry: WorkerRegistry | None = None) -> 
     install_error_handlers(app)
     hosts = allowed_hosts_for(config.host, config.allowed_hosts)
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
-                       admin_token=config.admin_token, allowed_hosts=hosts)  # fmt: skip
+                       admin_token=config.admin_token, allowed_hosts=hosts,
+                       max_buffered_bytes=config.max_buffered_body_bytes)  # fmt: skip
     app.add_middleware(_StatusCounter, metrics=metrics)  # added last: runs first, so it counts 401 and 413 too
 
     # Handlers return JSONResponse (no second validation of the body); the models document it.

@@ -45,6 +45,9 @@ class RouterConfig:
     admin_token: str | None = field(default=None, repr=False)  # /admin/* needs it (None: closed); cluster.admin_token
     allowed_hosts: tuple[str, ...] = ()  # Host names answered; (): loopback names when bound to loopback, else any
     max_request_body_bytes: int = 8 << 20  # a larger HTTP body is refused (413)
+    # The bytes of all HTTP bodies being buffered at once (32 bodies at the limit); past it a body is refused
+    # at once (503 + Retry-After), so slow uploads on many connections cannot hold the router's memory.
+    max_buffered_body_bytes: int = 256 << 20
     limits: RequestLimits = field(default_factory=RequestLimits)  # work one request may ask for (400 beyond)
     # Deadlines and bounds of each HTTP connection and stream: slow or stalled clients (router.http_protocol).
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)

@@ -13,6 +13,10 @@ needs the admin token (`cluster.admin_token`) and nothing else opens it: without
 A body over the limit is refused with 413 before the app reads it:
 the declared Content-Length is checked first, and a body without one is
 buffered only up to the limit. Both answers are OpenAI-format errors.
+Across all connections at once, the bodies being buffered share a bound too (`max_buffered_bytes`): without
+it, thousands of connections each trickling a body under the limit would hold gigabytes. A body that would
+pass it is refused at once with 503 and Retry-After; its bytes are counted from its declared length (or as
+they arrive) until the app has been handed the body or the request ends, whichever comes first.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from router.errors import APIError
 _API = ("/v1/", "/tokenize", "/detokenize")  # what the API key guards (the tokenizer is work on the router)
 _DRAINED = 4  # a body over the limit but within this many times it is read (and dropped) before the 413
 _GONE = object()  # what `_read_body` returns when the client left
+_BUSY = object()  # what `_read_body` returns when the bodies buffered at once would pass their bound
 _ADMIN = "/admin/"
+_BUSY_RETRY_AFTER_S = 1  # buffered bodies are read in seconds: a retry soon finds room
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
@@ -41,8 +47,9 @@ class RequestGuard:
     """Pure ASGI middleware (streamed responses pass through untouched)."""
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int, admin_token: str | None = None,
-                 allowed_hosts: tuple[str, ...] | None = None):  # fmt: skip
+                 allowed_hosts: tuple[str, ...] | None = None, max_buffered_bytes: int = 256 << 20):  # fmt: skip
         self.app, self.max_body_bytes = app, max_body_bytes
+        self._buffered = BufferedBytes(max_buffered_bytes)
         self._key = api_key.encode() if api_key else None
         self._admin = admin_token.encode() if admin_token else None
         self._hosts = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
@@ -58,12 +65,21 @@ class RequestGuard:
         if not declared.isdigit() or int(declared) > self.max_body_bytes:
             drain = declared.isdigit() and int(declared) <= _DRAINED * self.max_body_bytes
             return await self._too_large(scope, receive, send, drain)
-        body, more = await self._read_body(receive)
-        if body is _GONE:
-            return  # the client left before its body ended (or its body deadline passed): nobody to answer
-        if body is None:
-            return await self._too_large(scope, receive, send, drain=more)
-        await self.app(scope, _replay(body, receive), send)
+        held = _Held(self._buffered)
+        try:
+            if not held.take(int(declared)):
+                return await _busy().response()(scope, receive, send)
+            body, more = await self._read_body(receive, held)
+            if body is _GONE:
+                return  # the client left before its body ended (or its body deadline passed): nobody to answer
+            if body is _BUSY:
+                return await _busy().response()(scope, receive, send)
+            if body is None:
+                held.release()  # what is drained is dropped as it comes, never held
+                return await self._too_large(scope, receive, send, drain=more)
+            await self.app(scope, _replay(body, receive, on_handed=held.release), send)
+        finally:
+            held.release()  # the client left, the app failed or the answer is sent: never a leaked count
 
     def _refusal(self, path: str, headers: dict[bytes, bytes]) -> APIError | None:
         if self._hosts is not None:
@@ -81,9 +97,10 @@ class RequestGuard:
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         return None
 
-    async def _read_body(self, receive) -> tuple[bytes | object | None, bool]:
+    async def _read_body(self, receive, held: _Held) -> tuple[bytes | object | None, bool]:
         """(the whole body; None once it passes the limit (a client may send more than it declared), `_GONE`
-        if the client left first) and whether more of the body is still to come (only after None)."""
+        if the client left first, `_BUSY` if what it sent beyond its declared length does not fit the bytes
+        all bodies may hold at once) and whether more of the body is still to come (only after None)."""
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -91,6 +108,8 @@ class RequestGuard:
                 return _GONE, False
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
+            if not held.take(size - held.bytes):  # a body without a (truthful) Content-Length
+                return _BUSY, False
             more = message.get("more_body", False)
             if size > self.max_body_bytes:
                 return None, more  # no more: asking `receive` again would wait for the client to leave
@@ -131,15 +150,60 @@ def _hostname(netloc: str) -> str:
     return host.rsplit(":", 1)[0].lower() if host.count(":") == 1 else host.lower()
 
 
-def _replay(body: bytes, receive):
-    """A `receive` that hands the app the buffered body once, then the client's own messages (disconnects)."""
+def _replay(body: bytes, receive, on_handed):
+    """A `receive` that hands the app the buffered body once (then calls `on_handed`: the body is the app's
+    now, parsed and dropped in a moment), then the client's own messages (disconnects)."""
     sent = False
 
     async def replayed():
         nonlocal sent
         if not sent:
             sent = True
+            on_handed()
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
     return replayed
+
+
+def _busy() -> APIError:
+    # 503, not 413: this body is within its own limit and would be taken a moment later; 413 would tell the
+    # client to shrink it, when waiting is what helps (OpenAI's clients retry a 503 after Retry-After).
+    return APIError(503, "the server is buffering too many request bodies at once; retry shortly",
+                    code="server_busy", headers={"Retry-After": str(_BUSY_RETRY_AFTER_S)})  # fmt: skip
+
+
+class BufferedBytes:
+    """The bytes of request bodies buffered at once, across every connection, and their bound. One event loop
+    takes and gives them: no lock needed."""
+
+    def __init__(self, bound: int):
+        self.bound, self.held = bound, 0
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.bound:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+class _Held:
+    """What one request holds of `BufferedBytes`; released once, however the request ends."""
+
+    def __init__(self, buffered: BufferedBytes):
+        self._buffered, self.bytes = buffered, 0
+
+    def take(self, n: int) -> bool:
+        if n <= 0:
+            return True
+        if not self._buffered.take(n):
+            return False
+        self.bytes += n
+        return True
+
+    def release(self) -> None:
+        self._buffered.give(self.bytes)
+        self.bytes = 0

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from engine import gguf_convert
 from engine import model_source as ms
@@ -56,7 +57,7 @@ def fake_converter(calls: list, delay: float = 0.0):
             calls.append(gguf)
         time.sleep(delay)
         (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-        (out / "model.safetensors").write_bytes(b"")
+        save_file({"w": torch.zeros(64, 64)}, str(out / "model.safetensors"))
 
     return convert
 
@@ -263,6 +264,51 @@ def test_leftovers_of_a_killed_conversion_are_replaced(tmp_path, monkeypatch, ca
     assert not stale.exists()
     assert len(calls) == 1
     assert any("Converting" in r.getMessage() for r in caplog.records)
+
+
+def test_a_truncated_shard_is_converted_again_and_the_cache_is_private(tmp_path, monkeypatch, caplog):
+    calls: list = []
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_converter(calls))
+    gguf = write_fake_gguf(tmp_path / "m.gguf")
+    target = convert_gguf(gguf, tmp_path / "cache")
+    shard = target / "model.safetensors"
+    for folder in (target, target.parent, tmp_path / "cache"):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in target.iterdir())
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[: len(whole) // 2])  # a disk that filled up, a copy cut short
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert convert_gguf(gguf, tmp_path / "cache") == target
+    assert len(calls) == 2 and shard.read_bytes() == whole
+    assert any("model.safetensors does not open" in r.getMessage() for r in caplog.records)
+    assert convert_gguf(gguf, tmp_path / "cache") == target and len(calls) == 2  # whole again: trusted
+
+
+def test_a_conversion_without_its_done_marker_is_converted_again(tmp_path, monkeypatch, caplog):
+    calls: list = []
+    monkeypatch.setattr(gguf_convert, "_convert_into", fake_converter(calls))
+    gguf = write_fake_gguf(tmp_path / "m.gguf")
+    target = convert_gguf(gguf, tmp_path / "cache")
+    (target / gguf_convert.DONE_MARKER).unlink()  # killed before the marker, or made before markers existed
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        convert_gguf(gguf, tmp_path / "cache")
+    assert len(calls) == 2 and (target / gguf_convert.DONE_MARKER).is_file()
+    assert any("no done-marker" in r.getMessage() for r in caplog.records)
+
+
+def test_a_conversion_that_writes_a_broken_shard_fails_once_instead_of_looping(tmp_path, monkeypatch):
+    calls: list = []
+    good = fake_converter(calls)
+
+    def truncating(gguf: Path, out: Path) -> None:
+        good(gguf, out)
+        (out / "model.safetensors").write_bytes(b"\x10\x00")
+
+    monkeypatch.setattr(gguf_convert, "_convert_into", truncating)
+    gguf = write_fake_gguf(tmp_path / "m.gguf")
+    with pytest.raises(ModelConversionError, match="unusable right after it"):
+        convert_gguf(gguf, tmp_path / "cache")
+    assert len(calls) == 1
 
 
 def test_gguf_quantizer_is_dropped_only_from_dense_models():

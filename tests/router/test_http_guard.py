@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 
 import httpx
 import openai
@@ -176,3 +177,55 @@ def test_a_client_that_sends_its_whole_oversized_body_then_closes_reads_the_413(
             while chunk := conn.recv(65536):
                 reply += chunk
         assert reply.startswith(b"HTTP/1.1 413"), reply[:100]
+
+
+BUFFERED_BOUND = 100 * 1024  # room for one body of 60 KiB buffered at a time, not two
+
+
+@pytest.fixture(scope="module")
+def small_buffer_router(tiny_model_dirs):
+    config = RouterConfig(tiny_model_dirs["llama"], "tiny", max_request_body_bytes=BODY_LIMIT,
+                          max_buffered_body_bytes=BUFFERED_BOUND)  # fmt: skip
+    server = RouterServer(create_app(config))
+    yield server
+    server.stop()
+
+
+def _start_upload(router, body: bytes) -> socket.socket:
+    """A client that declares its whole body and sends only its first half (a slow upload)."""
+    conn = socket.create_connection((router.host, router.port))
+    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+    conn.sendall(body[: len(body) // 2])
+    return conn
+
+
+def _reply(conn: socket.socket) -> bytes:
+    conn.settimeout(10)
+    reply = b""
+    while chunk := conn.recv(65536):
+        reply += chunk
+    conn.close()
+    return reply
+
+
+def _upload_body() -> bytes:
+    return b'{"model": "tiny", "prompt": "' + b"x" * (60 * 1024) + b'"}'
+
+
+def test_bodies_buffered_at_once_are_bounded_and_released_when_done_or_abandoned(small_buffer_router):
+    body = _upload_body()
+    first = _start_upload(small_buffer_router, body)
+    time.sleep(0.3)  # the router has taken the first body's bytes
+    second = _reply(_start_upload(small_buffer_router, body))
+    assert second.startswith(b"HTTP/1.1 503") and b"server_busy" in second and b"retry-after: 1" in second.lower()
+    first.sendall(body[len(body) // 2 :])
+    done = _reply(first)
+    assert done.startswith(b"HTTP/1.1 400") and b"maximum context length" in done, done[:300]  # the app read it
+    abandoned = _start_upload(small_buffer_router, body)
+    time.sleep(0.3)
+    abandoned.close()  # a client that leaves mid-body gives its bytes back
+    time.sleep(0.3)
+    again = _start_upload(small_buffer_router, body)
+    again.sendall(body[len(body) // 2 :])
+    assert _reply(again).startswith(b"HTTP/1.1 400")
