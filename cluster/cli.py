@@ -180,14 +180,15 @@ def serve(args: argparse.Namespace) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         lifeline.stop()
         gone = lifeline.gone
+        ray_alive = gone is None or gone.ray_alive
         if deployment is not None:
-            deployment.stop(ray_alive=gone is None or gone.ray_alive)
-        if embedded_ray is not None and gone is not None and not gone.ray_alive:
+            deployment.stop(ray_alive=ray_alive)
+        if embedded_ray is not None and not ray_alive:
             embedded_ray.end()  # what its dead core left; ray.shutdown() would wait on the dead raylet first
         else:
             ray.shutdown()
     print("tandem: stopped", flush=True)
-    if embedded_ray is not None and gone is not None and not gone.ray_alive:
+    if embedded_ray is not None and not ray_alive:
         # Ray's core worker in this process outlives its raylet: the interpreter's exit would crash in it
         # (SIGSEGV, measured). End the process as the lifeline's last resort does, with main's message.
         print(f"tandem: error: {gone}", file=sys.stderr, flush=True)
