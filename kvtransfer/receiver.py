@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -43,9 +45,20 @@ class ReceiverStats:
 class _Sender:
     name: str
     last_seen: float
+    over_pair: bool = False  # its tensor frames come over a torch.distributed pair, not inline
     pair: DistPair | None = None
+    # Its pair's group being built on a thread of its own (gloo/NCCL: blocks until both ranks have joined,
+    # up to the handshake timeout); None once built, or on the ZMQ data plane.
+    joining: Future | None = None
+    # Headers of chunks that came before the pair was built, oldest first: their receives are posted then.
+    unposted: deque = field(default_factory=deque)
     # Chunks whose frames are still arriving over the pair, oldest first: (header, staging, future).
     in_flight: deque = field(default_factory=deque)
+
+    @property
+    def waiting(self) -> bool:
+        """Pair work with nothing to wake the ZMQ socket: a group being built, receives in flight."""
+        return self.joining is not None or bool(self.in_flight)
 
 
 class KVReceiver(KVReceiverBase):
@@ -95,8 +108,8 @@ class KVReceiver(KVReceiverBase):
 
     def poll(self, timeout_ms: int = 0) -> list[TransferEvent]:
         events: list[TransferEvent] = []
-        if any(sender.in_flight for sender in self._senders.values()):
-            timeout_ms = min(timeout_ms, 1)  # pair receives complete without waking the ZMQ socket
+        if any(sender.waiting for sender in self._senders.values()):
+            timeout_ms = min(timeout_ms, 1)  # pairs are built and receives complete without waking the socket
         if self._sock.poll(timeout_ms):
             # Bounded, so heartbeats and deadlines still run under a steady stream of chunks.
             for _ in range(_MAX_MESSAGES_PER_POLL):
@@ -104,6 +117,8 @@ class KVReceiver(KVReceiverBase):
                     break
                 self._handle(recv_parts(self._sock), events)
         for identity, sender in list(self._senders.items()):
+            if identity in self._senders and sender.joining is not None and sender.joining.done():
+                self._joined(identity, sender, events)
             if identity in self._senders:  # landing one sender's chunks may forget another
                 self._land_dist_chunks(identity, sender, events)
         self._tick(events)
@@ -118,8 +133,8 @@ class KVReceiver(KVReceiverBase):
 
     def next_deadline(self) -> float | None:
         """When `poll` has timer work (heartbeats, deadlines, silent senders) with nothing to read; None: idle."""
-        if any(sender.in_flight for sender in self._senders.values()):
-            return self.clock() + 0.001  # pair receives complete without waking the ZMQ socket: look again soon
+        if any(sender.waiting for sender in self._senders.values()):
+            return self.clock() + 0.001  # pair work completes without waking the ZMQ socket: look again soon
         return self._next_heartbeat if self._senders or self._reservations else None
 
     def close(self) -> None:
@@ -163,7 +178,7 @@ class KVReceiver(KVReceiverBase):
             logger.error("refused KV sender %s: %s", hello.sender_name, e)
             send_message(self._sock, Refused(str(e)), identity=identity)
             return
-        sender = _Sender(hello.sender_name, self.clock())
+        sender = _Sender(hello.sender_name, self.clock(), over_pair=hello.data_plane != "zmq")
         self._pairs_made += 1
         pair_id = self._pairs_made  # never reused: each pair has its own prefix in the store
         if hello.data_plane != "zmq":
@@ -173,13 +188,23 @@ class KVReceiver(KVReceiverBase):
             Welcome(PROTOCOL_VERSION, self.tp_size, self.tp_rank, self._store_address, pair_id),
             identity=identity,
         )
-        if hello.data_plane != "zmq":
-            try:
-                sender.pair = DistPair(self._store, pair_id, RECEIVER_RANK, self.dist_backend, self.timeouts.handshake_s)
-            except RuntimeError as e:  # the sender never joined (died, or cannot reach our store)
-                logger.error("KV sender %s did not join its %s pair: %s", hello.sender_name, self.dist_backend, e)
-                return
+        if hello.data_plane != "zmq":  # built off this thread: it waits for the sender to join, up to seconds
+            sender.joining = _build_pair(self._store, pair_id, self.dist_backend, self.timeouts.handshake_s)
         self._senders[identity] = sender
+
+    def _joined(self, identity: bytes, sender: _Sender, events: list[TransferEvent]) -> None:
+        """The sender's pair is built (its receives posted for the chunks that came meanwhile) or failed."""
+        joining, sender.joining = sender.joining, None
+        try:
+            sender.pair = joining.result()
+        except RuntimeError as e:  # the sender never joined (died, or cannot reach our store)
+            reason = f"sender {sender.name} did not join its {self.dist_backend} pair: {e}"
+            logger.error("KV %s", reason)
+            self._forget_sender(identity, reason, events)
+            return
+        sender.last_seen = self.clock()  # it could say nothing while both sides built the group
+        while sender.unposted:
+            self._post_recv(sender, sender.unposted.popleft())
 
     def _ensure_store(self) -> None:
         if self._store is None:
@@ -195,12 +220,17 @@ class KVReceiver(KVReceiverBase):
         except FrameError as e:
             self._reject(identity, sender, chunk, e, events)
             return
-        if sender.pair is None:
+        if sender.joining is not None:  # its frames come over a pair still being built: posted once it is
+            sender.unposted.append(chunk)
+        elif sender.pair is None:
             self._land(identity, sender, chunk, frames, events)
         else:
-            k_cache = self.kv_caches[chunk.layer][0]
-            sizes = [frame_nbytes(k_cache, length, chunk.num_heads) for length in chunk.frame_blocks()]
-            sender.in_flight.append((chunk, *sender.pair.post_recv(sizes, chunk.dist_tag, k_cache.device)))
+            self._post_recv(sender, chunk)
+
+    def _post_recv(self, sender: _Sender, chunk: KVChunk) -> None:
+        k_cache = self.kv_caches[chunk.layer][0]
+        sizes = [frame_nbytes(k_cache, length, chunk.num_heads) for length in chunk.frame_blocks()]
+        sender.in_flight.append((chunk, *sender.pair.post_recv(sizes, chunk.dist_tag, k_cache.device)))
 
     def _land_dist_chunks(self, identity: bytes, sender: _Sender, events) -> None:
         """Write the pair chunks whose frames have all arrived, in the order they were sent."""
@@ -241,7 +271,7 @@ class KVReceiver(KVReceiverBase):
             self._forget_sender(identity, f"sender {sender.name} sent a bad chunk", events)
 
     def _check_header(self, chunk: KVChunk, res: Reservation | None, frames, sender: _Sender) -> None:
-        expected_frames = 0 if sender.pair is not None else len(chunk.frame_blocks())
+        expected_frames = 0 if sender.over_pair else len(chunk.frame_blocks())
         if len(frames) != expected_frames:
             raise FrameError(f"{len(frames)} frames for {len(chunk.dst_runs)} runs (expected {expected_frames})")
         if not 0 <= chunk.layer < self.spec.num_layers:
@@ -291,7 +321,7 @@ class KVReceiver(KVReceiverBase):
             self._tell(self._senders, Heartbeat(tuple(self._reservations)))
             self._next_heartbeat = now + self.timeouts.heartbeat_interval_s
         for identity, sender in list(self._senders.items()):
-            if now - sender.last_seen > self.timeouts.peer_silence_s:
+            if sender.joining is None and now - sender.last_seen > self.timeouts.peer_silence_s:
                 silent = now - sender.last_seen
                 self._forget_sender(identity, f"sender {sender.name} gone (silent {silent:.1f}s)", events)
         for request_id, res in list(self._reservations.items()):
@@ -308,6 +338,8 @@ class KVReceiver(KVReceiverBase):
         sender = self._senders.pop(identity, None)
         if sender is not None and sender.pair is not None:
             sender.pair.close()
+        if sender is not None and sender.joining is not None:  # the pair, if it is ever built, is closed then
+            sender.joining.add_done_callback(lambda built: built.exception() or built.result().close())
 
     def _fail(self, request_id: str, reason: str, events: list[TransferEvent]) -> None:
         res = self._reservations.pop(request_id)
@@ -325,6 +357,21 @@ class KVReceiver(KVReceiverBase):
     def _name(self, identity: bytes) -> str:
         sender = self._senders.get(identity)
         return sender.name if sender else identity.hex()
+
+
+def _build_pair(store, pair_id: int, backend: str, timeout_s: float) -> Future:
+    """A receiver-side `DistPair` built on a daemon thread; the future fails (RuntimeError) if the sender does
+    not join within `timeout_s`."""
+    future: Future = Future()
+
+    def build() -> None:
+        try:
+            future.set_result(DistPair(store, pair_id, RECEIVER_RANK, backend, timeout_s))
+        except Exception as e:  # noqa: BLE001 - handed to the receiver's loop through the future
+            future.set_exception(e if isinstance(e, RuntimeError) else RuntimeError(str(e)))
+
+    threading.Thread(target=build, name=f"tandem-kv-pair-{pair_id}-join", daemon=True).start()
+    return future
 
 
 def _buffer(frame):

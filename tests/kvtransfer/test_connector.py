@@ -264,3 +264,30 @@ def test_chunks_from_a_refused_sender_are_rejected():
         assert receiver.poll(10) == []
     assert receiver.pending() == ["r"] and all(not t.any() for kv in caches for t in kv)
     sock.close()
+
+
+def test_a_gloo_sender_that_never_joins_its_pair_does_not_block_the_receiver():
+    """Its Hello asks for a gloo pair, then it never joins: the group is built off the receiver's thread
+    (it waits up to the handshake timeout), so another sender's transfer lands meanwhile; once the timeout
+    passes the silent sender is forgotten and its later chunks are rejected."""
+    caches = zero_caches(SPEC, 4)
+    receiver = KVReceiver(caches, SPEC, LOOPBACK, timeouts=TransferTimeouts(handshake_s=3.0))
+    silent = connect_dealer(zmq.Context.instance(), receiver.address, send_timeout_ms=5000)
+    send_message(silent, Hello(PROTOCOL_VERSION, compat_hash(SPEC), SPEC, 1, 0, "never-joins", "gloo"))
+    while not silent.poll(10):
+        assert receiver.poll(10) == []  # returns while the pair waits for its sender
+    assert isinstance(decode_header(silent.recv_multipart(copy=False)[0]), Welcome)
+    receiver.recv("r", [1])
+    sender, sent = KVSender(SPEC, "p0"), random_caches(SPEC, 4, seed=3)
+    sender.send("r", [2], PeerTarget(receiver.address, (1,)))
+    with serving(receiver) as events:
+        for layer in range(SPEC.num_layers):
+            sender.send_layer("r", layer, *sent[layer])
+        assert [(e.request_id, e.kind) for e in poll_until_event(sender, 400, 10)] == [("r", "done")]
+        assert [(e.request_id, e.kind) for e in events] == [("r", "done")]
+        assert "never-joins" in {s.name for s in receiver._senders.values()}  # still being waited for
+        while any(s.name == "never-joins" for s in receiver._senders.values()):
+            sender.poll(10)  # the pair's handshake timeout runs out on its thread; the receiver forgets it
+    assert all(same_bits(caches[layer][i][1], sent[layer][i][2]) for layer in range(SPEC.num_layers) for i in (0, 1))
+    sender.close()
+    silent.close()
