@@ -4,14 +4,16 @@
 
 A deployment of the profile's worker kind fills the host (colocated workers of its threads, as many as the
 cores take), started on an embedded Ray, and a client of our own (token-id prompts, the response's phases)
-drives it twice:
+drives it in phases:
 
-  idle      one request at a time: the router's and the hops' share of the time to first token is what is
-            left of it after the prefill the worker measured and the arrival window (`request_s`); that
-            prefill against the profile's price of its step gives `prefill_factor` (prompt tokens are
-            compute-bound: the factor for them is not the decode steps'); with several workers, its TPOT
-            against the simulator's gives `per_round_s`, serving's own time around each step (its I/O
-            thread, the router on the same cores), with no neighbour contending (`alone_step_factor` 1.0);
+  idle      one request at a time, half before the load and half after it (the VM drifts within minutes:
+            five in a row gave prefill factors of 0.97-1.32 between passes): the router's and the hops'
+            share of the time to first token is what is left of it after the prefill the worker measured
+            and the arrival window (`request_s`); that prefill against the profile's price of its step gives
+            `prefill_factor` (prompt tokens are compute-bound: the factor for them is not the decode
+            steps'); with several workers, its TPOT against the simulator's gives `per_round_s`, serving's
+            own time around each step (its I/O thread, the router on the same cores), with no neighbour
+            contending (`alone_step_factor` 1.0);
   beside    with several workers, first: one long stream decoding on one worker, alone for a second, then
             prompts of two lengths prefilled one at a time on another (a new prompt goes to the worker that
             remembers the fewest blocks: the stream's long prompt keeps the probes off its worker); what
@@ -45,7 +47,7 @@ from typing import Callable
 from costmodel import Profile, ServingCost, StepShape
 from planner.workload import SimRequest, WorkloadSpec
 
-IDLE_REQUESTS, IDLE_PROMPT, IDLE_OUTPUT = 5, 256, 32
+IDLE_REQUESTS, IDLE_PROMPT, IDLE_OUTPUT = 10, 256, 32
 NOTE_START = "serving calibrated"
 BESIDE_STREAM_PROMPT, BESIDE_STREAM_OUTPUT = 1536, 1000  # closed once the probes are done
 BESIDE_PROBES = (128, 128, 128, 768, 768)  # short ones first: the probes' blocks stay below the stream's
@@ -94,10 +96,13 @@ def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: C
             on_progress("serving calibration: prompts beside a decoding worker")
             beside = _beside_a_stream(server)
         on_progress("serving calibration: one request at a time")
-        idle = [_one(server, _prompt(IDLE_PROMPT, seed=i), IDLE_OUTPUT) for i in range(IDLE_REQUESTS)]
+        half = IDLE_REQUESTS // 2  # half of them before the load, half after: the VM drifts within minutes
+        idle = [_one(server, _prompt(IDLE_PROMPT, seed=i), IDLE_OUTPUT) for i in range(half)]
         requests = _load(profile, replicas)
         on_progress(f"serving calibration: {len(requests)} requests at {len(requests) / requests[-1].arrival_s:.2f}/s")
         loaded = _drive(server, requests)
+        on_progress("serving calibration: one request at a time, again")
+        idle += [_one(server, _prompt(IDLE_PROMPT, seed=i), IDLE_OUTPUT) for i in range(half, IDLE_REQUESTS)]
     finally:
         deployment.stop()
         ray.shutdown()
