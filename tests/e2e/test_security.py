@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import types
 
+import httpx
 import openai
 import psutil
 import pytest
@@ -21,6 +23,7 @@ import schemathesis
 from schemathesis import GenerationMode
 import zmq
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine import EngineArgs
 from wire.socket_security import SMALL_MESSAGE_BYTES, ClusterKey, refusals
@@ -176,3 +179,96 @@ def _fuzz(operation, mode: GenerationMode, statuses: collections.Counter) -> Non
             assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
 
     check()
+
+
+# ---- the extra fields, fuzzed one at a time -------------------------------------------------------------
+# The OpenAPI document types them loosely (a dict, a list, any JSON), so schemathesis's cases rarely reach
+# their insides: here each gets arbitrary JSON and near-valid shapes (schemas, regexes, grammars, tool lists)
+# beside an otherwise valid body.
+
+EXTRA_EXAMPLES = 30  # per field
+_json = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(max_size=12), lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)  # fmt: skip
+_regex = st.text(alphabet="ab()[]{}*+?|\\.^$0-9,-", max_size=24)
+_grammar = st.text(alphabet='root:= "ab|()*+?[]\n\\', max_size=40).map(lambda body: "root ::= " + body)
+_schema = st.recursive(
+    st.fixed_dictionaries({"type": st.sampled_from(["string", "integer", "number", "boolean", "null", "nonsense"])},
+                          optional={"pattern": _regex, "enum": st.lists(_json, max_size=3),
+                                    "minLength": st.integers(-3, 20), "maximum": st.integers()}),  # fmt: skip
+    lambda inner: st.fixed_dictionaries(
+        {"type": st.sampled_from(["object", "array"])},
+        optional={"properties": st.dictionaries(st.text(max_size=6), inner | _json, max_size=3),
+                  "items": inner | _json, "required": st.lists(st.text(max_size=6) | _json, max_size=3),
+                  "minItems": st.integers(-3, 5), "additionalProperties": st.booleans() | inner}),  # fmt: skip
+    max_leaves=8)  # fmt: skip
+_function = st.fixed_dictionaries({"name": st.text(max_size=10) | _json},
+                                  optional={"parameters": _schema | _json, "description": st.text(max_size=10)})
+_tools = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["function", "other"]), "function": _function | _json})
+                  | _json, max_size=3)  # fmt: skip
+_tool_calls = st.lists(st.fixed_dictionaries({"id": st.text(max_size=6), "type": st.just("function"),
+                                              "function": st.fixed_dictionaries({"name": st.text(max_size=6),
+                                                                                 "arguments": st.text(max_size=12) | _json})})
+                       | _json, max_size=2)  # fmt: skip
+EXTRA_FIELDS = {  # field -> (values, endpoints it is sent to)
+    "response_format": (st.fixed_dictionaries({"type": st.sampled_from(["json_object", "json_schema", "text", "x"])},
+                                              optional={"json_schema": st.fixed_dictionaries(
+                                                  {"name": st.text(max_size=6)}, optional={"schema": _schema | _json,
+                                                                                           "strict": _json})})
+                        | _json, ("completions", "chat")),  # fmt: skip
+    "structured_outputs": (st.fixed_dictionaries({}, optional={"json": _schema | _json, "regex": _regex | _json,
+                                                               "choice": st.lists(st.text(max_size=6)) | _json,
+                                                               "grammar": _grammar | _json, "json_object": _json})
+                           | _json, ("completions", "chat")),  # fmt: skip
+    "guided_json": (_schema | _json | _schema.map(json.dumps), ("completions", "chat")),
+    "guided_regex": (_regex | _json, ("completions", "chat")),
+    "guided_choice": (st.lists(st.text(max_size=8) | _json, max_size=4) | _json, ("completions", "chat")),
+    "guided_grammar": (_grammar | _json, ("completions", "chat")),
+    "logit_bias": (st.dictionaries(st.text(alphabet="0123456789-x", max_size=7), _json, max_size=4) | _json,
+                   ("completions", "chat")),  # fmt: skip
+    "prompt_logprobs": (st.integers(-3, 40) | _json, ("completions", "chat")),
+    "tools": (_tools | _json, ("chat",)),
+    "tool_choice": (st.sampled_from(["auto", "none", "required", "x"]) | st.fixed_dictionaries(
+        {"type": st.sampled_from(["function", "x"]), "function": _function | _json}) | _json, ("chat",)),  # fmt: skip
+    "functions": (st.lists(_function | _json, max_size=3) | _json, ("chat",)),
+    "function_call": (st.sampled_from(["auto", "none"]) | _function | _json, ("chat",)),
+    "tool_calls": (_tool_calls | _json, ("chat",)),  # in an assistant message before the user's
+    "content": (st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "x"]),
+                                                "text": st.text(max_size=8) | _json}) | _json, max_size=3)
+                | _json, ("chat",)),  # the user message's  # fmt: skip
+}
+
+
+def _body_with(field: str, value, endpoint: str) -> dict:
+    body = {"model": MODEL, "max_tokens": 2, "temperature": 0}
+    if endpoint == "completions":
+        return {**body, "prompt": "Hello", field: value}
+    messages = [{"role": "user", "content": "Hello"}]
+    if field == "tool_calls":
+        messages = [{"role": "assistant", "content": "", "tool_calls": value}, *messages]
+    elif field == "content":
+        messages = [{"role": "user", "content": value}]
+    else:
+        body[field] = value
+    return {**body, "messages": messages}
+
+
+@pytest.mark.parametrize("field", sorted(EXTRA_FIELDS))
+def test_fuzzed_extra_fields_never_get_a_5xx_and_every_4xx_is_an_openai_error(served, field):
+    values, endpoints = EXTRA_FIELDS[field]
+    statuses = collections.Counter()
+
+    @given(values, st.sampled_from(endpoints))
+    @settings(max_examples=EXTRA_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def check(value, endpoint):
+        body = _body_with(field, value, endpoint)
+        response = httpx.post(f"{served.server.url}/v1/{endpoint.replace('chat', 'chat/completions')}", json=body,
+                              headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)  # fmt: skip
+        statuses[response.status_code] += 1
+        assert response.status_code < 500, f"{endpoint} {json.dumps(body)[:300]}: {response.text[:300]}"
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+
+    check()
+    print(f"{field}: {sorted(statuses.items())}")
