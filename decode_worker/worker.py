@@ -83,7 +83,8 @@ class DecodeWorker(RequestTable):
                                               True))  # fmt: skip
         try:
             params = sampling_params(request.sampling)
-            if request.local_prefill or count_uncached_tokens(self.engine, prompt) < self.config.local_prefill_threshold:
+            if request.local_prefill or (count_uncached_tokens(self.engine, prompt, params.cache_salt)
+                                         < self.config.local_prefill_threshold):  # fmt: skip
                 self.engine.add_request(rid, prompt, params)
                 self.window.queued(self.engine)
                 self.records[rid] = DecodeRecord(rid, request.stream_address, len(prompt), Phase.RUNNING,

@@ -22,19 +22,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wire.cache_salt import salt_seed
+
 BlockHash = bytes
 
 
+def chain_root(cache_salt: str | None = None) -> BlockHash:
+    """What a prompt's first block chains from: b"root", then the tenant's salt seed (`wire.cache_salt`; empty
+    without a salt, so an unsalted chain is unchanged). The one place the engine's hashes take the salt: a
+    different root makes the first block's hash differ, and every later one with it."""
+    return b"root" + salt_seed(cache_salt)
+
+
 def hash_block_tokens(parent_hash: BlockHash | None, token_ids) -> BlockHash:
-    """Chain hash of a full block: H(parent block's hash, this block's token ids). Never of KV bytes."""
+    """Chain hash of a full block: H(parent block's hash, this block's token ids). Never of KV bytes.
+    No parent: the unsalted root (`chain_root`)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(parent_hash or b"root")
     h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     return h.digest()
 
 
-def hash_token_blocks(token_ids, block_size: int, start_block: int = 0, parent=None) -> list[BlockHash]:
-    """Chain hashes of the full blocks of `token_ids` from `start_block` on."""
+def hash_token_blocks(token_ids, block_size: int, start_block: int = 0, parent=None,
+                      cache_salt: str | None = None) -> list[BlockHash]:  # fmt: skip
+    """Chain hashes of the full blocks of `token_ids` from `start_block` on. `parent`: the hash of the block
+    before `start_block`; from the first block, `cache_salt` picks the root (`chain_root`)."""
+    if parent is None and start_block == 0:
+        parent = chain_root(cache_salt)
     hashes = []
     for b in range(start_block, len(token_ids) // block_size):
         parent = hash_block_tokens(parent, token_ids[b * block_size : (b + 1) * block_size])

@@ -89,9 +89,13 @@ class KVCacheManager:
         request.num_offered_blocks = 0
 
     def _extend_hashes(self, request: Request) -> None:
+        """Hash the request's new full blocks, chained from its last hash, or from its tenant's root (its
+        params' `cache_salt`) for the first: a salted prompt finds only blocks of the same salt."""
         known = len(request.block_hashes)
         if (request.num_tokens // self.block_size) <= known:
             return
         parent = request.block_hashes[-1] if known else None
         tokens = request.all_token_ids
-        request.block_hashes.extend(hash_token_blocks(tokens, self.block_size, known, parent))
+        request.block_hashes.extend(
+            hash_token_blocks(tokens, self.block_size, known, parent, cache_salt=request.params.cache_salt)
+        )

@@ -70,9 +70,10 @@ def release_blocks(engine: LLMEngine, req: Request) -> None:
 # ---- decode role ---------------------------------------------------------
 
 
-def count_uncached_tokens(engine: LLMEngine, prompt_token_ids: list[int]) -> int:
-    """Prompt tokens a new request would have to compute, given our prefix cache (a read-only probe)."""
-    probe = Request("", list(prompt_token_ids), SamplingParams(), max_tokens=1)
+def count_uncached_tokens(engine: LLMEngine, prompt_token_ids: list[int], cache_salt: str | None = None) -> int:
+    """Prompt tokens a new request would have to compute, given our prefix cache (a read-only probe); a salted
+    request (`cache_salt`) counts only the blocks its own salt cached."""
+    probe = Request("", list(prompt_token_ids), SamplingParams(cache_salt=cache_salt), max_tokens=1)
     hits = engine.kv_cache.find_cached_prefix(probe)
     return len(prompt_token_ids) - len(hits) * engine.kv_cache.block_size
 

@@ -61,6 +61,9 @@ class SamplingParams:
     # The prompt's last N tokens are output an earlier attempt produced (a migrated or recomputed request):
     # the grammar of `structured` continues after them.
     resumed_output_tokens: int = 0
+    # Not sampling: the tenant's prefix-cache salt (wire.cache_salt), mixed into the hash of the prompt's
+    # first block (engine.block_pool.chain_root). Kept here so it goes wherever the request's params go.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         self._normalise_stops()

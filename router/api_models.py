@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from wire.cache_salt import MAX_CACHE_SALT_CHARS
+
 # ---- requests ---------------------------------------------------------------
 
 MAX_MESSAGES = 16_384
@@ -64,6 +66,9 @@ class _GenerationFields(BaseModel):
     tool_choice: str | dict | None = None
     # vLLM's: each prompt token's logprob and this many alternatives (router.prompt_echo), on completions.
     prompt_logprobs: int | None = None
+    # vLLM's: the tenant's prefix-cache salt (wire.cache_salt); only requests of the same salt share cached
+    # blocks. A string (pydantic refuses a number: no coercion to str) of bounded length, else a 400 naming it.
+    cache_salt: str | None = Field(None, max_length=MAX_CACHE_SALT_CHARS)
     # Not honoured: refused unless neutral (see the module docstring).
     functions: list | None = None
     function_call: str | dict | None = None

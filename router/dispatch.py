@@ -213,7 +213,7 @@ class Dispatcher:
         when that cannot be done. The TTFT check and the prompt's charge happen with no await between them,
         so requests arriving together each see the ones before them."""
         check_ttft(self.prompt_workers(), len(prompt_ids), self.ttft_deadline_s)
-        decode, prefill = self._route(prompt_ids)
+        decode, prefill = self._route(prompt_ids, sampling.cache_salt)
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         request = GenerateRequest(request_id, tuple(prompt_ids), sampling, self.stream.address)
         gen = Generation(request, RequestOutputs(), self, task=asyncio.current_task())
@@ -231,12 +231,13 @@ class Dispatcher:
             gen.task = None
         return gen
 
-    def _route(self, tokens: Sequence[int]) -> tuple[WorkerState, WorkerState | None]:
-        """The decode worker and the prefill worker (None: decode prefills) for a prompt; raises `NoLiveWorker`."""
-        decode = self.registry.pick_decode(tokens)
+    def _route(self, tokens: Sequence[int], cache_salt: str | None = None) -> tuple[WorkerState, WorkerState | None]:
+        """The decode worker and the prefill worker (None: decode prefills) for a prompt (and its prefix-cache
+        salt, which the routing policy keys its blocks by); raises `NoLiveWorker`."""
+        decode = self.registry.pick_decode(tokens, cache_salt)
         if self.colocated:
             return decode, None
-        prefill, why = choose_prefill(self.registry, self.local_prefill, tokens, decode)
+        prefill, why = choose_prefill(self.registry, self.local_prefill, tokens, decode, cache_salt)
         if prefill is None:
             logger.debug("decode worker %s prefills a prompt itself: %s", decode.name, why)
             self.on_local_prefill(why)
@@ -321,7 +322,7 @@ class Dispatcher:
                     gen.outputs.put(TokenDelta(gen.request_id, 0, (), True, "length", prompt + n, 0))
                     return
                 try:
-                    decode, prefill = self._route(request.prompt_token_ids)
+                    decode, prefill = self._route(request.prompt_token_ids, request.sampling.cache_salt)
                 except Exception as err:
                     raise StreamFailed(f"{reason} and the request cannot be resumed: {err}") from err
                 logger.warning("resuming %s on %s after %s", request.request_id, decode.name, reason)

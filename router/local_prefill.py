@@ -47,7 +47,7 @@ class LocalPrefillRule:
 
 
 def choose_prefill(registry: WorkerRegistry, rule: LocalPrefillRule, tokens: Sequence[int],
-                   decode: WorkerState) -> tuple[WorkerState | None, str]:  # fmt: skip
+                   decode: WorkerState, cache_salt: str | None = None) -> tuple[WorkerState | None, str]:  # fmt: skip
     """The prefill worker for a prompt that goes to `decode`, or (None, why) when decode prefills it itself."""
     if not registry.pickable("prefill"):
         return None, NO_PREFILL_WORKER
@@ -56,4 +56,4 @@ def choose_prefill(registry: WorkerRegistry, rule: LocalPrefillRule, tokens: Seq
         return None, PREFILL_SUSPECT
     if rule.prefill_is_behind(min(w.pending for w in trusted), decode.pending):
         return None, PREFILL_BACKLOG
-    return registry.pick_prefill(tokens), ""
+    return registry.pick_prefill(tokens, cache_salt), ""

@@ -65,7 +65,7 @@ def sampling_from(body: _GenerationFields, vocab_size: int, max_tokens: int, log
             repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty, max_tokens=max_tokens, min_tokens=body.min_tokens,
             stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs, structured=structured or asked,
+            prompt_logprobs=prompt_logprobs, structured=structured or asked, cache_salt=body.cache_salt,
         )  # fmt: skip
     except SamplingOutOfRange as err:
         param = (names or {}).get(err.param, err.param)

@@ -1,4 +1,4 @@
-"""The routing seam: `RoutingPolicy.pick(tokens, workers) -> worker`, and the policies by name.
+"""The routing seam: `RoutingPolicy.pick(tokens, workers, cache_salt) -> worker`, and the policies by name.
 
 A policy chooses among the live workers of one pool for a prompt's token ids.
 It may keep its own state (a prefix tree, a cursor), updated in `pick` as the
@@ -21,8 +21,10 @@ __all__ = ["POLICIES", "CacheAware", "CacheAwareConfig", "DecodeByKVRoom", "Leas
 
 
 class RoutingPolicy(Protocol):
-    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
-        """One of `workers` (non-empty, all alive) for this prompt; records the choice."""
+    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState],
+             cache_salt: str | None = None) -> WorkerState:  # fmt: skip
+        """One of `workers` (non-empty, all alive) for this prompt; records the choice. `cache_salt`: the
+        request's prefix-cache salt (`wire.cache_salt`): its prefix is cached only where that salt sent it."""
         ...
 
     def forget(self, worker_name: str) -> None: ...

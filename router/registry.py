@@ -177,19 +177,19 @@ class WorkerRegistry:
         """Pickable and not suspect: the workers new requests go to first."""
         return [w for w in self.pickable(role) if not w.suspect]
 
-    def pick_prefill(self, tokens: Sequence[int]) -> WorkerState:
+    def pick_prefill(self, tokens: Sequence[int], cache_salt: str | None = None) -> WorkerState:
         """A trusted prefill worker, by the routing policy (the dispatcher prefills on decode when none is)."""
         workers = self.trusted("prefill")
         if not workers:
             raise NoLiveWorker("prefill")
-        return self.policy.pick(tokens, workers)
+        return self.policy.pick(tokens, workers, cache_salt)
 
-    def pick_decode(self, tokens: Sequence[int]) -> WorkerState:
+    def pick_decode(self, tokens: Sequence[int], cache_salt: str | None = None) -> WorkerState:
         """A trusted decode worker, else a suspect one (decode is the last resort: there is no other)."""
         workers = self.trusted("decode") or self.pickable("decode")
         if not workers:
             raise NoLiveWorker("decode")
-        return self.decode_policy.pick(tokens, workers)
+        return self.decode_policy.pick(tokens, workers, cache_salt)
 
     # ---- heartbeats --------------------------------------------------------
     async def refresh_loads(self, timeout_s: float) -> None:

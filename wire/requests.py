@@ -41,6 +41,9 @@ class SamplingSpec:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
     structured: tuple[str, str] | None = None  # (kind, spec): the grammar the output must match
     resumed_output_tokens: int = 0  # the prompt's last N tokens are output of an earlier attempt
+    # The tenant's prefix-cache salt (wire.cache_salt): not sampling, but it goes wherever the sampling goes
+    # (decode's reserve, prefill, a local prefill, a recompute, a resumed attempt), each engine hashing with it.
+    cache_salt: str | None = None
 
     def __post_init__(self):
         check_sampling(self)  # raises SamplingOutOfRange: none out of range is ever made or decoded

@@ -8,6 +8,8 @@ name, so any sampling object with those names can be checked; a field it lacks i
 
 from __future__ import annotations
 
+from wire.cache_salt import MAX_CACHE_SALT_CHARS, valid_cache_salt
+
 MAX_LOGPROBS = 20  # alternatives per token, as vLLM's and OpenAI's bound
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
@@ -26,6 +28,8 @@ RULES = (
     ("logprobs", lambda v: v is None or 0 <= v <= MAX_LOGPROBS, f"must be in [0, {MAX_LOGPROBS}] or None"),
     ("prompt_logprobs", lambda v: v is None or 0 <= v <= MAX_LOGPROBS, f"must be in [0, {MAX_LOGPROBS}] or None"),
     ("seed", lambda v: v is None or SEED_MIN <= v <= SEED_MAX, "must fit in 64 bits"),
+    # Not sampling, but it travels with it to every engine that hashes the prompt's blocks (wire.cache_salt).
+    ("cache_salt", valid_cache_salt, f"must be a string of at most {MAX_CACHE_SALT_CHARS} characters or None"),
 )
 
 

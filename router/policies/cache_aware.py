@@ -84,10 +84,11 @@ class CacheAware:
         self.tree = PrefixTree(self.config.max_blocks_per_worker)
         self.decisions: Counter[str] = Counter()  # "cache" / "spread", and "skipped_busy" (some worker left out)
 
-    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
+    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState],
+             cache_salt: str | None = None) -> WorkerState:  # fmt: skip
         if not workers:
             raise ValueError("no worker to pick from")
-        keys = block_keys(tokens, self.config.block_size)
+        keys = block_keys(tokens, self.config.block_size, cache_salt)  # a salt's prefixes are its own
         chosen, reason = self._choose(keys, workers)
         self.decisions[reason] += 1
         reported = chosen.load.total_blocks if chosen.load is not None else None

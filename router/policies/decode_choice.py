@@ -30,7 +30,8 @@ class DecodeByKVRoom:
             raise ValueError("block_size must be >= 1 and headroom_blocks >= 0")
         self.block_size, self.headroom_blocks = block_size, headroom_blocks
 
-    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
+    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState],
+             cache_salt: str | None = None) -> WorkerState:  # fmt: skip
         if not workers:
             raise ValueError("no worker to pick from")
         roomy = self.with_room(tokens, workers)
@@ -54,8 +55,9 @@ class PromptPolicyWithRoom:
     def __init__(self, policy, room: DecodeByKVRoom):
         self.policy, self.room = policy, room
 
-    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
-        return self.policy.pick(tokens, self.room.with_room(tokens, workers) or workers)
+    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState],
+             cache_salt: str | None = None) -> WorkerState:  # fmt: skip
+        return self.policy.pick(tokens, self.room.with_room(tokens, workers) or workers, cache_salt)
 
     def forget(self, worker_name: str) -> None:
         self.policy.forget(worker_name)

@@ -19,7 +19,8 @@ class LeastLoaded:
     def __init__(self, seed: int | None = None):
         self._rng = random.Random(seed)
 
-    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
+    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState],
+             cache_salt: str | None = None) -> WorkerState:  # fmt: skip
         if not workers:
             raise ValueError("no worker to pick from")
         if len(workers) == 1:

@@ -11,7 +11,8 @@ class RoundRobin:
     def __init__(self):
         self._turn = 0
 
-    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState]) -> WorkerState:
+    def pick(self, tokens: Sequence[int], workers: Sequence[WorkerState],
+             cache_salt: str | None = None) -> WorkerState:  # fmt: skip
         if not workers:
             raise ValueError("no worker to pick from")
         worker = workers[self._turn % len(workers)]

@@ -64,6 +64,27 @@ def test_disaggregated_matches_transformers_and_reuses_prefixes(tiny_model_dirs,
     assert load.prefix_cache_hit_rate > 0 and load.free_blocks == load.total_blocks == 48
 
 
+def test_cache_salt_shares_blocks_only_within_a_salt_on_prefill_and_decode_alike(tiny_model_dirs):
+    """vLLM's `cache_salt` through the handoff: decode's reservation and prefill's prefix cache hash the prompt
+    with the same salt, so one tenant's second request hits on both and another tenant's hits on neither."""
+    model_dir, prompt = tiny_model_dirs["llama"], PROMPTS["long"]  # 4 full blocks of 16 and a partial one
+    with _workers(model_dir) as (decode, prefill, stream):
+        waves, prefill_hit_rate = {}, {}
+        for rid, salt in (("a1", "tenant-a"), ("b1", "tenant-b"), ("a2", "tenant-a")):
+            params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, cache_salt=salt)
+            waves[rid] = run_requests(stream, {rid: prompt}, lambda i: (decode, prefill), params)
+            prefill_hit_rate[rid] = prefill.load().prefix_cache_hit_rate  # over its control socket
+    expected = hf_greedy(model_dir, prompt, 8)
+    for rid, (results, reservations) in waves.items():
+        assert results[rid].token_ids == expected, rid
+        assert not reservations[rid].prefill_locally
+    cached = {rid: (res[rid].num_cached_blocks, results[rid].final.num_cached_tokens)
+              for rid, (results, res) in waves.items()}  # fmt: skip
+    assert cached == {"a1": (0, 0), "b1": (0, 0), "a2": (4, 64)}  # decode: only tenant a's second hits
+    # Prefill's cache likewise: no hit at all until tenant a came back (its warm-up counts among the queries).
+    assert prefill_hit_rate["a1"] == prefill_hit_rate["b1"] == 0.0 < prefill_hit_rate["a2"]
+
+
 def test_bf16_blocks_cross_intact_disaggregated_equals_one_engine(tiny_model_dirs):
     """bfloat16 (auto's pick on CPUs that compute it natively): the KV blocks cross bit for bit, so the
     disaggregated path gives exactly what one bf16 engine gives (`tests/engine/test_parity_bf16.py`

@@ -7,6 +7,7 @@ comes back in OpenAI's format; a client that drops a stream frees its blocks.
 
 from __future__ import annotations
 
+import re
 import types
 
 import httpx
@@ -153,6 +154,35 @@ def test_models_health_metrics_and_openapi(served):
     assert "path-" not in after and len(after) < len(metrics) + 1000
     assert httpx.get(f"{served.server.url}/v1/completions").status_code == 405  # its route, another method
     assert 'endpoint="/v1/completions",status="405"' in httpx.get(f"{served.server.url}/metrics").text
+
+
+def _prefix_cache_hits(s) -> float:
+    """The router's count of prompt tokens served from decode's prefix cache, from /metrics."""
+    text = httpx.get(f"{s.server.url}/metrics").text
+    return float(re.search(r"^tandem:prefix_cache_hits_total (\S+)$", text, re.MULTILINE).group(1))
+
+
+def test_cache_salt_isolates_tenants_prefix_caches_through_prefill_and_decode(served):
+    """vLLM's `cache_salt` over HTTP, through prefill -> decode: only the same salt reuses cached blocks."""
+    ids = [(29 * i + 17) % 380 + 3 for i in range(56)]  # 3 full blocks of 16 and a partial one: none seen before
+    url = f"{served.server.url}/v1/completions"
+
+    def hits_of(**salt) -> float:
+        before = _prefix_cache_hits(served)
+        out = served.client.completions.create(model=MODEL, prompt=ids, **{**GREEDY, "extra_body": {
+            "ignore_eos": True, **salt}})  # fmt: skip
+        assert out.choices[0].text == _greedy_text(served, ids)
+        return _prefix_cache_hits(served) - before
+
+    assert hits_of(cache_salt="tenant-a") == 0
+    assert hits_of(cache_salt="tenant-a") == 48  # decode reserved only the partial block: its 3 full ones hit
+    assert hits_of(cache_salt="tenant-b") == 0  # another tenant's copy of the same prompt is not shared
+    assert hits_of() == 0  # nor with an unsalted request
+    assert hits_of(cache_salt="") == 48  # "" is no salt: it shares the unsalted request's blocks
+    assert _error(httpx.post(url, json={"model": MODEL, "prompt": "hi", "cache_salt": 5}), 400)["param"] == "cache_salt"
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "cache_salt": "x" * 257}
+    assert _error(httpx.post(f"{served.server.url}/v1/chat/completions", json=chat), 400)["param"] == "cache_salt"
+    _wait_all_free(served)
 
 
 def _error(response: httpx.Response, status: int) -> dict:
