@@ -68,7 +68,7 @@ class _GenerationFields(BaseModel):
     prompt_logprobs: int | None = None
     # vLLM's: the tenant's prefix-cache salt (wire.cache_salt); only requests of the same salt share cached
     # blocks. A string (pydantic refuses a number: no coercion to str) of bounded length, else a 400 naming it.
-    cache_salt: str | None = Field(None, max_length=MAX_CACHE_SALT_CHARS)
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)  # "": a 400, as vLLM's
     # Not honoured: refused unless neutral (see the module docstring).
     functions: list | None = None
     function_call: str | dict | None = None

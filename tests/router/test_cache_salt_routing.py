@@ -91,7 +91,7 @@ def test_the_body_field_is_a_bounded_string_or_a_400_naming_it(body):
     spec = sampling_from(body(model="m", cache_salt="tenant-a", **fields), 100, max_tokens=8, logprobs=None)
     assert spec.cache_salt == "tenant-a"
     assert sampling_from(body(model="m", **fields), 100, 8, None).cache_salt is None
-    for bad in (5, "x" * 257, ["a"]):
+    for bad in (5, "x" * 257, ["a"], ""):
         with pytest.raises(ValidationError) as refused:
             body(model="m", cache_salt=bad, **fields)
         assert refused.value.errors()[0]["loc"] == ("cache_salt",)
