@@ -39,11 +39,18 @@ configure_logging()
 Prompt = str | list[int] | dict
 
 
+# A request in this many failed steps ends with the last, alone or not: one that fails only beside others
+# (a batch shape, not an input) would otherwise recompute forever.
+MAX_FAILED_STEPS_BEFORE_ENDING = 3
+
+
 class EngineStepError(RuntimeError):
-    """A forward step failed; its requests were aborted and their blocks freed."""
+    """A forward step failed; `request_ids` are the requests it ended (blocks freed), those that failed alone.
+    The others of the step recompute, each alone, before they rejoin a batch (`LLMEngine._after_failed_step`).
+    """
 
     def __init__(self, request_ids: list[str], cause: BaseException):
-        super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); aborted {request_ids}")
+        super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); ended {request_ids}")
         self.request_ids = request_ids
 
 
@@ -243,15 +250,26 @@ class LLMEngine:
             batch = self.runner.prepare(sched.scheduled)
             sampled = self.runner.execute(batch, attachment, connector.save_layer if connector is not None else None)
         except Exception as err:
-            # The step's requests cannot be trusted to have valid KV: end them and
-            # return their blocks, so one bad step never leaks blocks or wedges the rest.
-            failed = [s.request.request_id for s in sched.scheduled]
-            for request_id in failed:
-                self.abort_request(request_id)
-            raise EngineStepError(failed, err) from err
+            raise EngineStepError(self._after_failed_step(sched), err) from err
         outputs = self._update(sched, sampled, batch.prompt_spans)
         self.prefill_meter.record(advanced, self.clock() - started)
         return outputs
+
+    def _after_failed_step(self, sched: SchedulerOutput) -> list[str]:
+        """The requests of a failed step whose KV cannot be trusted: those that failed alone (or twice, or whose
+        KV left with the step: a prefill worker's connector) end and free their blocks; the others recompute,
+        each alone, so that the next failure names its cause (`Scheduler.set_aside`). Returns the ended ids."""
+        scheduled = [s.request for s in sched.scheduled]
+        for req in scheduled:
+            req.failed_steps += 1
+        isolate = len(scheduled) > 1 and self.kv_connector is None
+        ended = [r for r in scheduled if not isolate or r.failed_steps >= MAX_FAILED_STEPS_BEFORE_ENDING]
+        for req in scheduled:
+            if req in ended:
+                self.abort_request(req.request_id)
+            else:
+                self.scheduler.set_aside(req)
+        return [r.request_id for r in ended]
 
     def _update(self, sched: SchedulerOutput, sampled, prompt_spans=()) -> list[RequestOutput]:
         for span, entries in zip(prompt_spans, sampled.prompt_logprobs):
@@ -265,6 +283,7 @@ class LLMEngine:
                 continue
             token, logprobs = sampled.token_ids[k], sampled.logprobs[k]
             k += 1
+            req.suspect = False  # a step of its own sampled: it was not the cause
             outputs.append(self._append_token(req, token, logprobs))
         return outputs
 

@@ -91,6 +91,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        suspect = next((r for r in (*self.running, *self.waiting) if r.suspect), None)
+        if suspect is not None:  # alone: the step's failure, if any, is its own
+            self._schedule_alone(out, suspect, budget)
+            if not out.scheduled:  # no blocks for it now: the running others step (and free some), it waits
+                self._schedule_beside(out, budget)
+            return out
         budget = self._schedule_running(out, budget)
         if not out.preempted:
             self._schedule_waiting(out, budget)
@@ -116,21 +122,54 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            cached = self.kv_cache.find_cached_prefix(request)
-            num_cached_tokens = len(cached) * self.kv_cache.block_size
-            num_new = min(request.num_tokens - num_cached_tokens, budget)
-            if not self.kv_cache.allocate_slots(request, num_new, cached):
+            num_new = self._start(self.waiting[0], out, budget)
+            if num_new is None:
                 break
-            self.waiting.popleft()
-            if request.status == RequestStatus.WAITING:
-                request.num_cached_tokens = num_cached_tokens
-                self.kv_cache.pool.record_query(request.num_prompt_tokens, num_cached_tokens)
-            request.num_computed_tokens = num_cached_tokens
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            out.scheduled.append(ScheduledRequest.of(request, num_new))
             budget -= num_new
+
+    def _start(self, request: Request, out: SchedulerOutput, budget: int) -> int | None:
+        """Move waiting `request` to running with its first chunk after its cached prefix scheduled; the chunk's
+        tokens, or None (nothing done) when its blocks cannot be had now."""
+        cached = self.kv_cache.find_cached_prefix(request)
+        num_cached_tokens = len(cached) * self.kv_cache.block_size
+        num_new = min(request.num_tokens - num_cached_tokens, budget)
+        if not self.kv_cache.allocate_slots(request, num_new, cached):
+            return None
+        self.waiting.remove(request)
+        if request.status == RequestStatus.WAITING:
+            request.num_cached_tokens = num_cached_tokens
+            self.kv_cache.pool.record_query(request.num_prompt_tokens, num_cached_tokens)
+        request.num_computed_tokens = num_cached_tokens
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        out.scheduled.append(ScheduledRequest.of(request, num_new))
+        return num_new
+
+    def _schedule_alone(self, out: SchedulerOutput, request: Request, budget: int) -> None:
+        """`request` in a step of its own (others wait a step); nothing when its blocks cannot be found now."""
+        if request in self.running:
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self.kv_cache.allocate_slots(request, num_new):
+                out.scheduled.append(ScheduledRequest.of(request, num_new))
+            return
+        # Waiting (set aside to recompute): it had a seat when its step failed, so no seat bound here.
+        self._start(request, out, budget)
+
+    def _schedule_beside(self, out: SchedulerOutput, budget: int) -> None:
+        """The running requests that are not suspects (never batched with one), as usual."""
+        suspects = [r for r in self.running if r.suspect]
+        self.running = [r for r in self.running if not r.suspect]
+        try:
+            self._schedule_running(out, budget)
+        finally:
+            self.running += suspects
+
+    def set_aside(self, request: Request) -> None:
+        """A running request whose step failed beside others: its blocks go back (their KV cannot be trusted)
+        and it recomputes, alone (`suspect`), from its tokens so far."""
+        self.running.remove(request)
+        request.suspect = True
+        self._preempt(request)
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache.free(request)

@@ -53,7 +53,7 @@ logger = logging.getLogger("tandem.router")
 # failed: its connection may be back in a moment), wait this long times the attempt number; the next
 # answered heartbeat clears it. Without a pause, the resumes would all be spent within a millisecond.
 SUSPECT_POOL_PAUSE_S = 0.5
-# A request whose own steps failed on this many workers is taken for the cause, not them.
+# A request whose attempts ended in this many failed steps is taken for the cause, not its workers.
 STEPS_FAILED_BEFORE_BLAME = 2
 
 
@@ -167,14 +167,16 @@ class Generation:
             self.dispatcher.stream.close_request(self.attempt.request_id)
 
     def _given_up(self, final: TokenDelta) -> None:
-        """Its decode worker ended the attempt without finishing it (a failed step). Once, that is taken for the
-        worker's trouble: the request moves on and the worker is suspect (its heartbeats tell whether every
-        step fails). When a second worker's step fails with it too, the request is the likely cause: it ends
-        (`RequestFailedSteps`, a 400) instead of failing the steps of every worker in turn."""
+        """Its decode worker ended the attempt without finishing it: a step failed with it alone in it (a
+        worker's engine runs the requests of a failed batch one at a time before it gives any up, so company
+        is never blamed: `LLMEngine._after_failed_step`). Once, that is taken for the worker's trouble: the
+        request moves on and the worker is suspect (its heartbeats tell whether every step fails). When a
+        step fails with it again, the request is the cause: it ends (`RequestFailedSteps`, a 400) instead of
+        failing the steps of every worker in turn."""
         self.failed_steps += 1
         if self.failed_steps >= STEPS_FAILED_BEFORE_BLAME:
-            raise RequestFailedSteps(f"the steps of {self.failed_steps} workers failed with this request "
-                                     f"in them (last: {final.error}); it is not tried again")  # fmt: skip
+            raise RequestFailedSteps(f"{self.failed_steps} attempts of this request ended in a failed step "
+                                     f"(last: {final.error}); it is not tried again")  # fmt: skip
         self.decode.suspect = True
         self.dispatcher.resume(self, f"worker {self.decode.name} gave it up: {final.error}")
 

@@ -125,3 +125,37 @@ def test_failed_step_aborts_its_requests_frees_blocks_and_engine_recovers(llm, m
     monkeypatch.setattr(engine.runner, "execute", real_execute)
     out = llm.generate({"prompt_token_ids": [3, 4, 5]}, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_a_failed_step_ends_only_the_request_that_fails_alone_and_the_others_finish_as_without_it(llm, monkeypatch):
+    """A step with a poison prompt and two innocent ones fails; each then recomputes alone: the poison fails
+    alone and ends, the innocents finish with the tokens they make without the poison around."""
+    from engine.llm_engine import EngineStepError
+
+    engine, greedy = llm.engine, SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+    innocent = {"a": [3, 4, 5, 6, 7], "b": [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]}
+    alone = {name: llm.generate({"prompt_token_ids": ids}, greedy, use_tqdm=False)[0].outputs[0].token_ids
+             for name, ids in innocent.items()}  # fmt: skip
+    poison = [31, 31, 31]
+    real_execute = engine.runner.execute
+
+    def execute(batch, *args, **kwargs):  # a kernel that fails on one input, as a bug triggered by it would
+        ids = batch.input_ids.tolist()
+        if any(ids[i : i + 3] == poison for i in range(len(ids) - 2)):
+            raise RuntimeError("a kernel failed on this input")
+        return real_execute(batch, *args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "execute", execute)
+    for name, ids in innocent.items():
+        engine.add_request(name, {"prompt_token_ids": ids}, greedy)
+    engine.step()  # both innocents prefill together, and sample their first token
+    engine.add_request("poison", {"prompt_token_ids": [5, *poison, 6]}, greedy)
+    ended, failures, finished = [], 0, {}
+    while engine.has_unfinished_requests():
+        try:
+            finished |= {out.request_id: out.outputs[0].token_ids for out in engine.step() if out.finished}
+        except EngineStepError as err:
+            ended, failures = ended + err.request_ids, failures + 1
+    assert (ended, failures) == (["poison"], 2)  # the step of all three ended nobody; the poison's own ended it
+    assert finished == alone  # recomputed alone, then batched again: the same tokens
+    assert engine.kv_cache.num_free_blocks == engine.runner.num_blocks

@@ -9,6 +9,7 @@ second ends the request, and both workers keep serving.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -57,10 +58,38 @@ def test_a_request_that_fails_the_steps_of_two_workers_is_its_own_400(poisoned):
 
     failure, fine, pickable = asyncio.run(main())
     error = from_dispatch(failure)
-    assert error.status == 400 and error.code == "request_failed_steps" and "2 workers" in error.message
+    assert error.status == 400 and error.code == "request_failed_steps" and "2 attempts" in error.message
     assert [len(tokens) for tokens, _ in fine] == [GREEDY.max_tokens] * 2
     assert pickable == {"decode-0", "decode-1"}  # both still serve
     for worker in poisoned:  # one failed step each (of 3 in a row that mean dead), nothing left held
         assert worker.board.failed_in_a_row <= 1
         # The board is the worker loop's to update after it sent a final delta: a loaded machine may read it first.
         wait_for(lambda: worker.is_idle() and worker.pool_all_free(), f"{worker.name} idle, every block free", 30)
+
+
+def test_a_request_beside_the_poison_is_not_blamed_for_its_failed_steps(poisoned):
+    """One worker: a stream decoding when the poison arrives shares the poison's failed step. The worker then
+    runs each alone: the poison fails alone (its own 400, on its retry too), the stream goes on unharmed."""
+    worker = poisoned[0]
+    long = dataclasses.replace(GREEDY, max_tokens=40)
+
+    async def main():
+        registry = WorkerRegistry(make_policy("round_robin"))
+        async with colocated_dispatcher(registry, [worker]) as dispatcher:
+            beside = await dispatcher.start([5, 6, 8], long)
+            chunks = beside.chunks()
+            first = await chunks.__anext__()  # the stream is decoding: the poison's prefill joins its steps
+            poison = asyncio.create_task(tokens_of(await dispatcher.start([5, *POISON, 7], GREEDY)))
+            tokens = list(first.token_ids)
+            async for chunk in chunks:
+                tokens += chunk.token_ids
+            beside.close()
+            with pytest.raises(RequestFailedSteps):
+                await poison
+            alone = await tokens_of(await dispatcher.start([5, 6, 8], long))
+            await dispatcher.drain_aborts()
+            return tokens, alone[0]
+
+    tokens, alone = asyncio.run(main())
+    assert tokens == alone and len(tokens) == 40  # the same tokens as with no poison around
+    wait_for(lambda: worker.is_idle() and worker.pool_all_free(), f"{worker.name} idle, every block free", 30)
