@@ -29,11 +29,11 @@ def decode_worker_maker(engine_args: EngineArgs, config: DecodeWorkerConfig):
         board.io_counters = service.counters
         return service
 
-    def worker(engine, io, board) -> DecodeWorker:
+    def worker(engine, io, board, deliver) -> DecodeWorker:
         control, service = io.services
         inbox = PullSocket((FirstToken, PrefillFailed), config.bind_address)
         return DecodeWorker(engine, config, io, board, service.receiver.address, inbox, Pushers(),
-                            control_address=control.address)  # fmt: skip
+                            control_address=control.address, deliver=deliver)  # fmt: skip
 
     return worker_maker(engine_args, config, DECODE_CALLS, receiving, worker)
 

@@ -32,5 +32,7 @@ def requeue_locally(engine: LLMEngine, req: Request, first_token: int | None) ->
         params, done = continued(dataclasses.replace(req.params, max_tokens=req.max_tokens), 1), [first_token]
         if params is None:
             return 1, "length"
-    engine.add_request(req.request_id, list(req.prompt_token_ids) + done, params)
+    # Its grammar as compiled for the first attempt: the cache may have let it go, and this is the loop thread.
+    grammar = req.sampling.grammar.compiled if req.sampling.grammar is not None else None
+    engine.add_request(req.request_id, list(req.prompt_token_ids) + done, params, grammar)
     return len(done), None

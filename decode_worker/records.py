@@ -1,5 +1,9 @@
 """One record per request on a decode worker, with a phase and the events that move it.
 
+    reserve, its grammar not compiled yet ──► COMPILING ── compiled ──► taken as one of the reserves below
+                                               │ (runtime.grammar_compiles)
+                                               └── invalid grammar, abort ──► (gone: reserve refused)
+
                      reserve (local prefill) ─────────────────────────────────────┐
                      reserve (remote KV)                                          ▼
     EXPECTING_SHARDS ── acked ──► AWAITING_KV ── KV, shards, first token all in ──► RUNNING ── finished ──► (gone)
@@ -24,11 +28,12 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.request import Request
-from wire.requests import DecodeReservation
+from wire.requests import DecodeReservation, GenerateRequest
 from runtime.control_service import Call
 
 
 class Phase(enum.Enum):
+    COMPILING = "compiling"
     EXPECTING_SHARDS = "expecting_shards"
     AWAITING_KV = "awaiting_kv"
     RUNNING = "running"
@@ -36,6 +41,7 @@ class Phase(enum.Enum):
 
 
 class Event(enum.Enum):
+    GRAMMAR_COMPILED = "grammar_compiled"  # its grammar compiled (or failed to) on the compile thread
     RANK_ACKED = "rank_acked"  # a follower rank acknowledged its reservation
     ACK_TIMEOUT = "ack_timeout"  # a follower rank did not acknowledge (a reservation or a release) in time
     KV_DONE = "kv_done"  # rank 0's receiver has the whole prompt
@@ -58,8 +64,9 @@ class DecodeRecord:
     stream_address: str  # where its TokenDeltas go
     num_prompt_tokens: int
     phase: Phase
-    call: Call | None = None  # a reserve still to answer (tensor parallel: once every rank acked)
+    call: Call | None = None  # a reserve still to answer (COMPILING; tensor parallel: once every rank acked)
     reservation: DecodeReservation | None = None  # what that answer says
+    asked: GenerateRequest | None = None  # COMPILING: the reserve to take once its grammar is compiled
     deadline: float | None = None  # EXPECTING_SHARDS: for the acks; AWAITING_KV with KV landed: for the first token
     first_token: int | None = None
     kv_landed: bool = False  # rank 0's share of the prompt's KV is in the cache

@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from decode_worker.kv_receiving import AnswerAfter, ExpectKV
 from decode_worker.recompute import requeue_locally
@@ -65,32 +65,50 @@ class DecodeWorker(RequestTable):
     events = Event
 
     def __init__(self, engine: LLMEngine, config: DecodeWorkerConfig, io, board: LoadBoard, receiver_address: str,
-                 inbox: PullSocket, pushers: Pushers, control_address: str = ""):  # fmt: skip
+                 inbox: PullSocket, pushers: Pushers, control_address: str = "", *,
+                 deliver: Callable[[object], None]):  # fmt: skip
         """`io`: the I/O thread (anything with `post(command)`); the worker owns and closes it, `inbox`, `pushers`.
-        `self.records`: request id -> DecodeRecord, oldest first (admission order); `self.ranks`: tensor
-        parallel, the follower ranks' receivers."""
-        super().__init__(engine, config, io, board, control_address)
+        `deliver`: posts to this worker's loop (`runtime.request_table`). `self.records`: request id ->
+        DecodeRecord, oldest first (admission order); `self.ranks`: tensor parallel, the follower ranks' receivers."""
+        super().__init__(engine, config, io, board, control_address, deliver=deliver)
         self.receiver_address, self.inbox, self.pushers = receiver_address, inbox, pushers
         self.calls.update(reserve=self.reserve)
 
     # ---- the router's call ------------------------------------------------------
     def reserve(self, call: Call) -> None:
-        """Take the request: prefill it here, or reserve blocks for its KV (answered once every rank expects it)."""
+        """Take the request (`_take`); one whose grammar is not compiled yet waits for it off this thread
+        first (COMPILING: `runtime.grammar_compiles`)."""
         request: GenerateRequest = call.arg
-        rid, prompt = request.request_id, list(request.prompt_token_ids)
+        rid = request.request_id
         if self.tp_size > 1 and self.ranks is None:
             return call.answer(ReserveRefused(rid, "decode worker is starting: its follower ranks are not attached",
                                               True))  # fmt: skip
         try:
             params = sampling_params(request.sampling)
+            if rid in self.records:
+                raise ValueError(f"request id {rid!r} is already in use")
+        except ValueError as err:
+            return call.answer(ReserveRefused(rid, str(err), retryable=False))
+        grammar = self.compiles.cached(params.structured)
+        if params.structured is not None and grammar is None:
+            self.records[rid] = DecodeRecord(rid, request.stream_address, len(request.prompt_token_ids),
+                                             Phase.COMPILING, call, asked=request)  # fmt: skip
+            return self.compiles.start(rid, params.structured)
+        self._take(call, request, params, grammar)
+
+    def _take(self, call: Call, request: GenerateRequest, params, grammar) -> None:
+        """Prefill it here, or reserve blocks for its KV (answered once every rank expects it). `grammar`:
+        `params.structured` compiled (None: none asked for)."""
+        rid, prompt = request.request_id, list(request.prompt_token_ids)
+        try:
             if request.local_prefill or (count_uncached_tokens(self.engine, prompt, params.cache_salt)
                                          < self.config.local_prefill_threshold):  # fmt: skip
-                self.engine.add_request(rid, prompt, params)
+                self.engine.add_request(rid, prompt, params, grammar)
                 self.window.queued(self.engine)
                 self.records[rid] = DecodeRecord(rid, request.stream_address, len(prompt), Phase.RUNNING,
                                                  request=self.engine.requests[rid])  # fmt: skip
                 return call.answer(DecodeReservation(rid, prefill_locally=True))
-            res = reserve_remote_kv(self.engine, rid, prompt, params)
+            res = reserve_remote_kv(self.engine, rid, prompt, params, grammar)
         except NoFreeBlocks as err:
             return call.answer(ReserveRefused(rid, str(err), retryable=True))
         except ValueError as err:
@@ -144,14 +162,20 @@ class DecodeWorker(RequestTable):
     def snapshot(self) -> LoopSnapshot:
         kv, sched, meter = self.engine.kv_cache, self.engine.scheduler, self.engine.prefill_meter
         awaiting = sum(r.phase in (Phase.EXPECTING_SHARDS, Phase.AWAITING_KV) for r in self.records.values())
-        load = WorkerLoad(self.config.name, len(sched.waiting) + len(sched.waiting_for_kv), len(sched.running),
+        compiling = sum(r.phase is Phase.COMPILING for r in self.records.values())  # queued for their grammar
+        waiting = len(sched.waiting) + len(sched.waiting_for_kv) + compiling
+        load = WorkerLoad(self.config.name, waiting, len(sched.running),
                           awaiting, kv.num_free_blocks, kv.pool.num_blocks, kv.pool.hit_rate,
                           prompt_tokens_advanced=meter.tokens, prompt_seconds=meter.seconds)  # fmt: skip
         idle = not self.records and not self.engine.requests
         return LoopSnapshot(load, idle, kv.num_free_blocks == kv.pool.num_blocks)
 
     def close(self) -> None:
+        self.compiles.close()
         for record in list(self.records.values()):
+            if record.phase is Phase.COMPILING:  # not taken: its reserve is refused, its client saw nothing
+                record.call.answer(ReserveRefused(record.request_id, "decode worker shut down", retryable=True))
+                continue
             self.engine.abort_request(record.request_id)
             self._end_stream(record, "decode worker shut down")
         self.records.clear()
@@ -162,6 +186,25 @@ class DecodeWorker(RequestTable):
                 closable.close()
 
     # ---- transitions (decode_worker.records; the table below; `on` is runtime.request_table's) --------
+    def _to_taken(self, record: DecodeRecord, event: Event, grammar=None, error: BaseException | None = None,
+                  **_) -> None:  # fmt: skip
+        """Its grammar is compiled: the reserve is taken now, or refused as an invalid grammar always was."""
+        del self.records[record.request_id]  # `_take` makes the record of what it takes
+        call, request = record.call, record.asked
+        if error is None:
+            try:
+                return self._take(call, request, sampling_params(request.sampling), grammar)
+            except Exception as err:  # a bug: the router hears of it (inside a Call, `handle` would do this)
+                error = err
+        if isinstance(error, ValueError):  # GrammarError: the request's fault
+            return call.answer(ReserveRefused(record.request_id, str(error), retryable=False))
+        call.answer(None, error)
+
+    def _to_not_taken(self, record: DecodeRecord, event: Event, reason: str, **_) -> None:
+        """Aborted while its grammar compiled: nothing was reserved, the reserve is refused."""
+        del self.records[record.request_id]
+        record.call.answer(ReserveRefused(record.request_id, reason, retryable=False))
+
     def _to_awaiting_kv(self, record: DecodeRecord, event: Event, rank: int | None = None, **_) -> None:
         record.unacked.discard(rank)
         if not record.unacked:
@@ -227,6 +270,7 @@ class DecodeWorker(RequestTable):
 
     A, E = Phase, Event
     transitions = {
+        A.COMPILING: {E.GRAMMAR_COMPILED: _to_taken, E.ABORT: _to_not_taken},
         A.EXPECTING_SHARDS: {E.RANK_ACKED: _to_awaiting_kv, E.ACK_TIMEOUT: _to_refused, E.ABORT: _to_refused},
         A.AWAITING_KV: {E.KV_DONE: _to_admission, E.SHARD_DONE: _to_admission, E.FIRST_TOKEN: _to_admission,
                         E.SEAT_OFFERED: _to_running, E.KV_FAILED: _to_recompute_or_end, E.NO_FIRST_TOKEN: _to_end,

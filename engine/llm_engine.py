@@ -191,12 +191,17 @@ class LLMEngine:
         self.runner.shutdown()
 
     # ---- requests -------------------------------------------------------
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                    grammar=None) -> None:  # fmt: skip
         """Validate and queue a request; raises ValueError on bad input, leaving the engine untouched."""
-        self.scheduler.add_request(self.new_request(request_id, prompt, params))
+        self.scheduler.add_request(self.new_request(request_id, prompt, params, grammar))
 
-    def new_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> Request:
-        """Validate and register a request without queueing it (engine.remote_kv queues its own)."""
+    def new_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                    grammar=None) -> Request:  # fmt: skip
+        """Validate and register a request without queueing it (engine.remote_kv queues its own).
+
+        `grammar`: `params.structured` compiled, when the caller compiled it (a serving worker does, off its
+        loop thread: `runtime.grammar_compiles`); None: taken from `self.grammars`, compiled here if need be."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
@@ -212,7 +217,7 @@ class LLMEngine:
                       arrival_time=self.clock())  # fmt: skip
         if params.structured is not None:  # GrammarError (a ValueError): an invalid spec or resumed output
             resumed = token_ids[len(token_ids) - params.resumed_output_tokens :] if params.resumed_output_tokens else []
-            req.sampling.grammar = self.grammars.state_for(params.structured, resumed)
+            req.sampling.grammar = self.grammars.state_for(params.structured, resumed, grammar)
         self.requests[request_id] = req
         self._prompts[request_id] = text
         return req

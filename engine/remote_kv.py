@@ -51,9 +51,11 @@ class KVReservation:
 # ---- prefill role --------------------------------------------------------
 
 
-def add_prefill_request(engine: LLMEngine, request_id: str, prompt: Prompt, params: SamplingParams) -> Request:
-    """Queue a prompt that ends after its first token, its blocks held for the caller (see module doc)."""
-    req = engine.new_request(request_id, prompt, params)
+def add_prefill_request(engine: LLMEngine, request_id: str, prompt: Prompt, params: SamplingParams,
+                        grammar=None) -> Request:  # fmt: skip
+    """Queue a prompt that ends after its first token, its blocks held for the caller (see module doc).
+    `grammar`: as `LLMEngine.new_request`'s."""
+    req = engine.new_request(request_id, prompt, params, grammar)
     req.max_tokens = 1  # validated against the full max_tokens above; this engine only starts it
     req.hold_blocks = True
     engine.scheduler.add_request(req)
@@ -78,9 +80,11 @@ def count_uncached_tokens(engine: LLMEngine, prompt_token_ids: list[int], cache_
     return len(prompt_token_ids) - len(hits) * engine.kv_cache.block_size
 
 
-def reserve_remote_kv(engine: LLMEngine, request_id: str, prompt: Prompt, params: SamplingParams) -> KVReservation:
-    """Register the request and reserve blocks for its prompt; raise `NoFreeBlocks` (nothing kept) if full."""
-    req = engine.new_request(request_id, prompt, params)
+def reserve_remote_kv(engine: LLMEngine, request_id: str, prompt: Prompt, params: SamplingParams,
+                      grammar=None) -> KVReservation:  # fmt: skip
+    """Register the request and reserve blocks for its prompt; raise `NoFreeBlocks` (nothing kept) if full.
+    `grammar`: as `LLMEngine.new_request`'s."""
+    req = engine.new_request(request_id, prompt, params, grammar)
     kv = engine.kv_cache
     cached = kv.find_cached_prefix(req)
     num_cached_tokens = len(cached) * kv.block_size

@@ -27,8 +27,9 @@ def prefill_worker_maker(engine_args: EngineArgs, config: PrefillWorkerConfig):
                           timeouts=config.timeouts, faults=config.transport_faults)  # fmt: skip
         return KVSending(sender, engine.runner.kv_caches, engine.config.model.num_kv_heads, deliver)
 
-    def worker(engine, io, board) -> PrefillWorker:
-        return PrefillWorker(engine, config, io, board, Pushers(), control_address=io.services[0].address)
+    def worker(engine, io, board, deliver) -> PrefillWorker:
+        return PrefillWorker(engine, config, io, board, Pushers(), control_address=io.services[0].address,
+                             deliver=deliver)  # fmt: skip
 
     return worker_maker(engine_args, config, PREFILL_CALLS, sending, worker, skip_tokenizer_init=True)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -60,10 +61,11 @@ class PrefillWorker(RequestTable):
     events = Event
 
     def __init__(self, engine: LLMEngine, config: PrefillWorkerConfig, io, board: LoadBoard, pushers: Pushers,
-                 control_address: str = ""):  # fmt: skip
+                 control_address: str = "", *, deliver: Callable[[object], None]):  # fmt: skip
         """`io`: the I/O thread (anything with `post(command)`); the worker owns and closes it and `pushers`.
-        `self.records`: request id -> PrefillRecord; `self.ranks`: tensor parallel, the follower ranks' senders."""
-        super().__init__(engine, config, io, board, control_address)
+        `deliver`: posts to this worker's loop (`runtime.request_table`). `self.records`: request id ->
+        PrefillRecord; `self.ranks`: tensor parallel, the follower ranks' senders."""
+        super().__init__(engine, config, io, board, control_address, deliver=deliver)
         self.pushers, self.num_kv_heads = pushers, engine.config.model.num_kv_heads
         self._sending_now: tuple[str, ...] = ()  # requests whose transfers the forward under way feeds
         self.calls.update(prefill=self.prefill)
@@ -71,11 +73,22 @@ class PrefillWorker(RequestTable):
 
     # ---- the router's call ------------------------------------------------------
     def prefill(self, call: Call) -> None:
-        """Queue the prompt; a ValueError (nothing kept) if this engine cannot take it."""
+        """Queue the prompt (`_queue`); one whose grammar is not compiled yet waits for it off this thread first
+        (COMPILING: `runtime.grammar_compiles`). A ValueError (nothing kept) if this engine cannot take it."""
         task: PrefillTask = call.arg
+        rid, params = task.request.request_id, sampling_params(task.request.sampling)
+        if rid in self.records:
+            raise ValueError(f"request id {rid!r} is already in use")
+        grammar = self.compiles.cached(params.structured)
+        if params.structured is not None and grammar is None:
+            self.records[rid] = PrefillRecord(task, None, Phase.COMPILING, call=call)
+            return self.compiles.start(rid, params.structured)
+        self._queue(call, task, params, grammar)
+
+    def _queue(self, call: Call, task: PrefillTask, params, grammar) -> None:
+        """`grammar`: `params.structured` compiled (None: none asked for)."""
         request = task.request
-        req = add_prefill_request(self.engine, request.request_id, list(request.prompt_token_ids),
-                                  sampling_params(request.sampling))  # fmt: skip
+        req = add_prefill_request(self.engine, request.request_id, list(request.prompt_token_ids), params, grammar)
         self.records[request.request_id] = PrefillRecord(task, req)
         self.window.queued(self.engine)
         call.answer(None)
@@ -112,13 +125,18 @@ class PrefillWorker(RequestTable):
 
     def snapshot(self) -> LoopSnapshot:
         kv, sched, meter = self.engine.kv_cache, self.engine.scheduler, self.engine.prefill_meter
-        sending = sum(r.phase is not Phase.QUEUED for r in self.records.values())
-        load = WorkerLoad(self.config.name, len(sched.waiting), len(sched.running), sending,
+        sending = sum(r.phase in (Phase.SENDING, Phase.RELEASING) for r in self.records.values())
+        compiling = sum(r.phase is Phase.COMPILING for r in self.records.values())
+        load = WorkerLoad(self.config.name, len(sched.waiting) + compiling, len(sched.running), sending,
                           kv.num_free_blocks, kv.pool.num_blocks, kv.pool.hit_rate,
                           prompt_tokens_advanced=meter.tokens, prompt_seconds=meter.seconds)  # fmt: skip
         return LoopSnapshot(load, not self.records, kv.num_free_blocks == kv.pool.num_blocks)
 
     def close(self) -> None:
+        self.compiles.close()
+        for record in [r for r in self.records.values() if r.phase is Phase.COMPILING]:  # nothing queued yet
+            record.call.answer(None, RuntimeError("prefill worker shut down"))
+            del self.records[record.request_id]
         for record in list(self.records.values()):
             self.engine.abort_request(record.request_id)
         self.io.stop()  # nothing reads the held blocks after this
@@ -131,6 +149,22 @@ class PrefillWorker(RequestTable):
         self.pushers.close()
 
     # ---- transitions (prefill_worker.records; the table below; `on` is runtime.request_table's) -------
+    def _to_queued(self, record: PrefillRecord, event: Event, grammar=None, error: BaseException | None = None,
+                   **_) -> None:  # fmt: skip
+        """Its grammar is compiled: queued now, or refused (an invalid grammar: a ValueError, as ever)."""
+        del self.records[record.request_id]  # `_queue` makes the record of what it queues
+        if error is None:
+            try:
+                return self._queue(record.call, record.task, sampling_params(record.task.request.sampling), grammar)
+            except Exception as err:  # inside a Call, `handle` would answer it so
+                error = err
+        record.call.answer(None, error)
+
+    def _to_not_queued(self, record: PrefillRecord, event: Event, reason: str, **_) -> None:
+        """Aborted while its grammar compiled: nothing was queued."""
+        del self.records[record.request_id]
+        record.call.answer(None, ValueError(f"request {record.request_id} ended before it was queued: {reason}"))
+
     def _to_sending(self, record: PrefillRecord, event: Event, **_) -> None:
         record.phase = Phase.SENDING
 
@@ -156,6 +190,7 @@ class PrefillWorker(RequestTable):
 
     P, E = Phase, Event
     transitions = {
+        P.COMPILING: {E.GRAMMAR_COMPILED: _to_queued, E.ABORT: _to_not_queued},
         P.QUEUED: {E.SENDING: _to_sending, E.ABORT: _to_dropped, E.STEP_FAILED: _to_dropped},
         P.SENDING: {E.TRANSFER_DONE: _to_sent, E.TRANSFER_FAILED: _to_releasing, E.ABORT: _to_releasing,
                     E.STEP_FAILED: _to_releasing},

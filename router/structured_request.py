@@ -23,8 +23,9 @@ from router.errors import bad_request
 # coder recurses (a string of 100,000 brackets was a RecursionError, a 500), and xgrammar has crashed on deep
 # grammars (Dynamo caps their nesting at 500). Real schemas nest a few levels.
 MAX_SCHEMA_DEPTH = 128
-# A schema, regex, grammar or list of choices longer than this (as text) is refused: the workers compile it
-# between steps, where its time is invisible to liveness (real ones are a few KiB).
+# A schema, regex, grammar or list of choices longer than this (as text) is refused: each worker compiles one
+# grammar at a time (runtime.grammar_compiles), so a huge one holds back every new grammar behind it (real
+# ones are a few KiB).
 MAX_SPEC_CHARS = 65_536
 
 # vLLM's structured_outputs keys, each the kind it asks for

@@ -42,7 +42,8 @@ def worker_maker(engine_args, config, calls: Decoders, kv_service: Callable, wor
                  skip_tokenizer_init: bool = False) -> Callable:  # fmt: skip
     """A role's `(board, deliver) -> LoopWorker`: its serving engine, then its I/O thread, whose services are
     the role's KV service (`kv_service(engine, board, deliver)`, built on that thread) and the control
-    socket taking the router's `calls`; then `worker(engine, io, board)`, `io.services` being (control, KV)."""
+    socket taking the router's `calls`; then `worker(engine, io, board, deliver)`, `io.services` being
+    (control, KV)."""
 
     def make(board, deliver):
         from engine.llm_engine import LLMEngine
@@ -57,7 +58,7 @@ def worker_maker(engine_args, config, calls: Decoders, kv_service: Callable, wor
             kv = kv_service(engine, board, deliver)
             return [ControlService(board, calls, deliver, io.post, config.bind_address), kv]
 
-        return worker(engine, IOThread(f"{config.name}-io", services), board)
+        return worker(engine, IOThread(f"{config.name}-io", services), board, deliver)
 
     return make
 

@@ -13,13 +13,17 @@ under a `lease` (`runtime.router_lease`): when the router stops calling, every
 record gets the role's `ABORT`.
 
 Shared here, once: the loop's messages and the follower ranks' news, the
+compile thread of structured-output grammars (`compiles`: a request whose
+grammar is not cached waits in the role's COMPILING phase, never on this
+thread, and hears GRAMMAR_COMPILED), the
 router's abort, attaching the follower ranks, when the loop may step
 (`runtime.arrival_window`) and its next timer, a step whose failure ends its
 requests, overdue records (`overdue`, the role's event and reason for each), and
 the release of a request's blocks by every rank that may touch them:
 `start_release` asks this rank's I/O thread and each follower to let go,
 `let_go` counts their acknowledgements (a follower that does not answer within
-the ack timeout is logged and let go of). Every event is the role's (`events`).
+the ack timeout is logged and let go of). Every event is the role's (`events`);
+each role's `close` closes `compiles`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from engine.llm_engine import EngineStepError, LLMEngine
 from engine.outputs import RequestOutput
 from runtime.arrival_window import ArrivalWindow
 from runtime.control_service import Call
+from runtime.grammar_compiles import GrammarCompiled, GrammarCompiles
 from runtime.load_board import LoadBoard
 from runtime.loop import LoopWorker
 from runtime.rank_links import RankLinks
@@ -46,13 +51,17 @@ logger = logging.getLogger("tandem.worker")
 
 class RequestTable(LoopWorker):
     transitions: dict = {}  # phase -> {event: the role's transition method}
-    events = None  # the role's Event enum: ABORT, STEP_FAILED, ACK_TIMEOUT, RELEASED (decode: RANK_ACKED too)
+    # the role's Event enum: ABORT, STEP_FAILED, ACK_TIMEOUT, RELEASED, GRAMMAR_COMPILED (decode: RANK_ACKED too)
+    events = None
 
-    def __init__(self, engine: LLMEngine, config: WorkerConfig, io, board: LoadBoard, control_address: str = ""):
+    def __init__(self, engine: LLMEngine, config: WorkerConfig, io, board: LoadBoard, control_address: str = "", *,
+                 deliver: Callable[[object], None]):  # fmt: skip
         """`io`: the I/O thread (anything with `post(command)`), owned and closed by the worker; `control_address`:
-        where the router calls it (its I/O thread's control socket)."""
+        where the router calls it (its I/O thread's control socket); `deliver`: posts a message to this worker's
+        loop from any thread (`runtime.loop.WorkerLoop.post`; a test driving the worker itself passes its own)."""
         self.engine, self.config, self.io, self.board = engine, config, io, board
         self.control_address = control_address
+        self.compiles = GrammarCompiles(engine.grammars, deliver, config.name)
         self.tp_size = engine.config.parallel.tp_size
         self.ranks: RankLinks | None = None  # tensor parallel: links to the follower ranks
         self.records: dict = {}  # insertion order: oldest first
@@ -91,6 +100,8 @@ class RequestTable(LoopWorker):
             self._transfer_ended(message)
         elif isinstance(message, Released):
             self.on(message.request_id, self.events.RELEASED, rank=message.rank)
+        elif isinstance(message, GrammarCompiled):
+            self.on(message.request_id, self.events.GRAMMAR_COMPILED, grammar=message.grammar, error=message.error)
 
     def sockets(self) -> list:
         return [self.ranks.socket] if self.ranks is not None else []

@@ -201,7 +201,7 @@ class WorkerLoad:
     """What routing needs from a worker."""
 
     name: str
-    waiting: int  # queued for compute, or for KV
+    waiting: int  # queued for compute, for KV, or for its grammar to compile
     running: int
     transferring: int  # prefill: requests whose KV is still moving
     free_blocks: int

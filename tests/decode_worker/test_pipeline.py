@@ -4,8 +4,11 @@ through the handoff (no Ray)."""
 from __future__ import annotations
 
 import contextlib
+import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from transformers import AutoTokenizer
 
 from decode_worker.actor import decode_worker_maker
 from decode_worker.worker import DecodeWorkerConfig
@@ -184,3 +187,32 @@ def test_a_burst_of_local_prompts_is_prefilled_in_one_step_when_the_window_holds
         assert taken == steps
     else:
         assert taken > 8
+
+
+# One object of 900 optional properties: xgrammar took 2 to 6 s to compile it for the tiny model's vocabulary
+# here, while a plain 8-token request takes well under one.
+SLOW_SCHEMA = json.dumps({"type": "object",
+                          "properties": {f"p{i}": {"type": ["string", "integer"]} for i in range(900)}})  # fmt: skip
+
+
+def test_a_slow_grammar_compiles_off_the_loops_while_other_requests_stream(tiny_model_dirs):
+    """Both workers compile a grammar on a thread of their own: requests reserved after it are served meanwhile,
+    the request waits (not in any step) and then runs under its grammar; cached, it is taken at once; an
+    invalid one is refused as the request's fault, as when it was compiled inline."""
+    model_dir = tiny_model_dirs["llama"]
+    structured = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, structured=("json", SLOW_SCHEMA))
+    with _workers(model_dir) as (decode, prefill, stream), ThreadPoolExecutor(1) as client:
+        slow = client.submit(start_request, request("slow", PROMPTS["mid"], stream, structured), decode, prefill)
+        wait_for(lambda: decode.load().waiting == 1, "decode to hold the request while its grammar compiles")
+        results, _ = run_requests(stream, {"plain": PROMPTS["long"]}, lambda i: (decode, prefill))
+        assert not slow.done()  # still compiling (before: the loop compiled it, and "plain" waited behind it)
+        slow.result(120)
+        wait_for(lambda: stream.finished("slow"), "the slow request's tokens", stream=stream)
+        again, _ = run_requests(stream, {"again": PROMPTS["mid"]}, lambda i: (decode, prefill), structured)
+        with pytest.raises(HandoffError, match="decode refused request bad: invalid regex for structured output"):
+            start_request(request("bad", PROMPTS["mid"], stream, SamplingParams(structured=("regex", "a(b"))),
+                          decode, prefill)  # fmt: skip
+    assert results["plain"].token_ids == hf_greedy(model_dir, PROMPTS["long"], 8)
+    text = AutoTokenizer.from_pretrained(model_dir).decode(stream.requests["slow"].token_ids)
+    assert text.startswith("{")  # under the schema (the random model's greedy text is no JSON)
+    assert again["again"].token_ids == stream.requests["slow"].token_ids

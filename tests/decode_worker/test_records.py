@@ -7,6 +7,7 @@ engine's pool all free.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -17,12 +18,13 @@ from decode_worker.kv_receiving import (
 )
 from decode_worker.records import Phase
 from decode_worker.worker import DecodeWorker, DecodeWorkerConfig
-from engine import EngineArgs, LLMEngine
+from engine import EngineArgs, LLMEngine, SamplingParams
 from kvtransfer.connector import TransferTimeouts
 from runtime.engine_bridge import sampling_spec
 from wire.ranks import DropShard, ExpectShard, RankAck, TransferEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, ReserveRefused
 from runtime.control_service import Call
+from runtime.grammar_compiles import GrammarCompiled
 from runtime.load_board import LoadBoard
 from runtime.transfer_service import Release, Released
 from tests.conftest import hf_greedy
@@ -107,7 +109,9 @@ def rig(tiny_model_dirs):
         engine = LLMEngine.from_args(EngineArgs(model=model_dir, num_kv_blocks=32, max_model_len=256, dtype="float32"),
                                      show_progress=False)  # fmt: skip
         io, inbox, pushers = FakeIO(), FakeInbox(), FakePushers()
-        worker = DecodeWorker(engine, DecodeWorkerConfig(**config), io, LoadBoard("d"), "tcp://kv:1", inbox, pushers)
+        # The fake I/O thread also collects what the worker posts to its own loop (a compiled grammar).
+        worker = DecodeWorker(engine, DecodeWorkerConfig(**config), io, LoadBoard("d"), "tcp://kv:1", inbox, pushers,
+                              deliver=io.post)  # fmt: skip
         return model_dir, worker, io, inbox, pushers
 
     return make
@@ -295,3 +299,42 @@ def test_the_router_lease_ends_everything_and_a_failed_step_ends_its_requests(ri
     assert worker.records["waiting"].phase is Phase.RELEASING
     worker.handle(Released("waiting"))
     assert "no call from the router" in _final(pushers, "waiting").error and _pool_free(worker)
+
+
+def compiled_delivered(io: FakeIO, timeout_s: float = 60.0) -> GrammarCompiled:
+    """What the compile thread posted to the worker's loop (here: the fake I/O thread's list)."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := io.take(GrammarCompiled)):
+        assert time.monotonic() < deadline, "no compiled grammar came back"
+        time.sleep(0.01)
+    (compiled,) = found
+    return compiled
+
+
+def test_a_request_waits_for_its_grammar_compiled_elsewhere_and_an_abort_meanwhile_refuses_it(rig):
+    _, worker, io, _, pushers = rig(local_prefill_threshold=10**6)
+
+    def reserve(rid: str, regex: str) -> Answers:
+        answers, params = Answers(), SamplingParams(temperature=0, max_tokens=8, structured=("regex", regex))
+        worker.handle(Call("reserve", GenerateRequest(rid, tuple(PROMPTS["mid"]), sampling_spec(params), "tcp://s:1"),
+                           answers))  # fmt: skip
+        return answers
+
+    answers = reserve("g", "[a-c]{3}")
+    assert worker.records["g"].phase is Phase.COMPILING and not answers.got and not worker.engine.requests
+    assert worker.snapshot().load.waiting == 1  # the router sees it queued
+    worker.handle(compiled_delivered(io))
+    assert answers.got[0].prefill_locally and worker.records["g"].phase is Phase.RUNNING
+    while worker.engine.has_unfinished_requests():  # every step, the arrival window's wait included
+        worker.step()
+    text = worker.engine.tokenizer.decode(list(_tokens(pushers, "g").values()), skip_special_tokens=True)
+    assert re.fullmatch("[a-c]{3}", text) and _final(pushers, "g").finish_reason == "stop"
+    # Cached now: the same grammar is taken at once.
+    assert reserve("g2", "[a-c]{3}").got[0].prefill_locally
+    worker.handle(Call("abort", "g2", Answers()))
+    # Aborted while its grammar compiles: refused, nothing was reserved; the compile's late answer is ignored.
+    answers = reserve("g3", "[d-f]{3}")
+    worker.handle(Call("abort", "g3", Answers()))
+    assert isinstance(answers.got[0], ReserveRefused) and "client" in answers.got[0].reason
+    worker.handle(compiled_delivered(io))
+    assert "g3" not in worker.records and _pool_free(worker)

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.structured_output import GrammarError, grammar_of
+from engine.structured_output import GrammarCompiler, GrammarError, grammar_of
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
           "required": ["answer", "sure"], "additionalProperties": False}  # fmt: skip
@@ -93,3 +93,29 @@ def test_every_kind_has_a_grammar():
     for kind, spec in (("json", json.dumps(SCHEMA)), ("json_object", ""), ("regex", "a+"),
                        ("choice", json.dumps(['say "hi"\n', "ünï"])), ("grammar", 'root ::= "a"')):  # fmt: skip
         assert grammar_of(kind, spec) is not None
+
+
+def test_compiled_grammars_are_bounded_by_their_bytes_least_recently_used_first_out(tiny_model_dirs):
+    from transformers import AutoTokenizer
+
+    from tests.tiny_models import VOCAB_SIZE
+
+    def compiler(cache_bytes: int) -> GrammarCompiler:
+        return GrammarCompiler(lambda: AutoTokenizer.from_pretrained(tiny_model_dirs["llama"]), VOCAB_SIZE, [],
+                               cache_bytes=cache_bytes)  # fmt: skip
+
+    a, b, c = (("regex", f"[a-z]{{{n}}}-[0-9]") for n in (3, 4, 2))
+    sizes = {spec: compiler(2**30).compiled(*spec).memory_size_bytes for spec in (a, b, c)}
+    assert sizes[c] <= sizes[b]  # c takes b's room: one eviction
+    grammars = compiler(sizes[a] + sizes[b])
+    first_a = grammars.compiled(*a)
+    grammars.compiled(*b)
+    assert grammars.cached(a) is first_a and grammars.cache.bytes == sizes[a] + sizes[b]  # both fit
+    grammars.compiled(*c)  # past the bound: b, used least recently (a was just looked up), goes
+    assert grammars.cached(b) is None and grammars.cached(a) is first_a and grammars.cached(c) is not None
+    assert grammars.cache.bytes == sizes[a] + sizes[c] <= grammars.cache.limit_bytes
+    # A grammar bigger than the whole bound is compiled but not kept, and evicts nothing.
+    big = ("json", json.dumps({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(60)}}))
+    assert grammars.compiled(*big).memory_size_bytes > grammars.cache.limit_bytes
+    assert grammars.cached(big) is None and len(grammars.cache) == 2
+    assert grammars._compiler().get_cache_size_bytes() == 0  # xgrammar's own (unbounded) cache is not used

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engine import EngineArgs, LLMEngine
+from engine import EngineArgs, LLMEngine, SamplingParams
 from wire.codec import decode
 from runtime.engine_bridge import sampling_spec
 from wire.ranks import DropShard, RankAck, ShardOrders, TransferEnded
@@ -25,7 +25,7 @@ from prefill_worker.worker import PrefillWorker, PrefillWorkerConfig
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard
 from runtime.transfer_service import Release, Released
-from tests.decode_worker.test_records import Answers, FakeIO, FakePushers, FakeRanks
+from tests.decode_worker.test_records import Answers, FakeIO, FakePushers, FakeRanks, compiled_delivered
 from tests.e2e.harness import GREEDY, PROMPTS
 
 DECODE = "tcp://decode-kv:1"
@@ -38,7 +38,7 @@ def rig(tiny_model_dirs):
                           max_num_batched_tokens=budget, dtype="float32")  # fmt: skip
         engine = LLMEngine.from_args(args, skip_tokenizer_init=True, show_progress=False)
         io, pushers = FakeIO(), FakePushers()
-        worker = PrefillWorker(engine, PrefillWorkerConfig(**config), io, LoadBoard("p"), pushers)
+        worker = PrefillWorker(engine, PrefillWorkerConfig(**config), io, LoadBoard("p"), pushers, deliver=io.post)
         return worker, io, pushers
 
     return make
@@ -155,3 +155,27 @@ def test_tensor_parallel_orders_ride_on_the_step_and_every_rank_lets_go_before_t
     worker.handle(Released("slow"))
     worker.check_deadlines(now=time.monotonic() + 0.02)  # rank 1 never acks: freed anyway (logged), decode told
     assert _pool_free(worker) and [f.request_id for f in _failures(pushers)] == ["slow"]
+
+
+def test_a_prompt_waits_for_its_grammar_compiled_elsewhere_and_an_abort_meanwhile_refuses_it(rig):
+    worker, io, pushers = rig()
+
+    def prefill(rid: str, regex: str) -> Answers:
+        answers, prompt = Answers(), PROMPTS["mid"]
+        params = SamplingParams(temperature=0, max_tokens=8, structured=("regex", regex))
+        request = GenerateRequest(rid, tuple(prompt), sampling_spec(params), "tcp://stream:1")
+        reservation = DecodeReservation(rid, False, DECODE, "tcp://inbox:1", tuple(range(-(-len(prompt) // 16))))
+        worker.handle(Call("prefill", PrefillTask(request, reservation), answers))
+        return answers
+
+    answers = prefill("g", "[a-c]{3}")
+    assert worker.records["g"].phase is Phase.COMPILING and not answers.got and worker.snapshot().load.waiting == 1
+    worker.handle(compiled_delivered(io))
+    assert answers.got == [None] and worker.records["g"].phase is Phase.QUEUED
+    worker.handle(Call("abort", "g", Answers()))
+    # Aborted while its grammar compiles: refused, nothing was queued; the compile's late answer is ignored.
+    answers = prefill("g2", "[d-f]{3}")
+    worker.handle(Call("abort", "g2", Answers()))
+    assert isinstance(answers.got[0], ValueError) and "client" in str(answers.got[0])
+    worker.handle(compiled_delivered(io))
+    assert _pool_free(worker) and not _failures(pushers)

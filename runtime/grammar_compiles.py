@@ -1,0 +1,75 @@
+"""A worker's structured-output grammars are compiled off its loop thread.
+
+    loop thread (runtime.loop)                      the worker's compile thread (one)
+    a request asks for a grammar:
+      in the engine's cache -> taken at once
+      not yet -> its record waits (COMPILING),
+                 `start` ─────────────────────────► engine.grammars.compiled(kind, spec)
+                                                     (xgrammar compiles in C++, the GIL released)
+    GrammarCompiled(request_id, grammar | error) ◄── deliver ──┘
+      -> the record's GRAMMAR_COMPILED event: the request is taken with that grammar, or refused with the
+         error (an invalid grammar: the same refusal as when it was compiled inline)
+
+Compiling may take seconds (JSON schemas of 800 to 1,000 optional properties took 1.6 to 8 s here); on
+the loop it would stop every other request's tokens, message and timer for that long, and no step
+would show it. One thread, so a worker never spends more than one core on compiles, and two requests with
+the same new grammar compile it once (the second finds it cached). The compiled grammar itself travels
+with the message: the engine's cache may have let it go again by the time the loop takes the request.
+
+Ownership: the worker (`runtime.request_table.RequestTable`) owns this object and its thread, and closes
+it; each waiting request's state is its record's (the role's COMPILING phase), never kept here.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.structured_output import GrammarCompiler
+
+logger = logging.getLogger("tandem.worker")
+
+
+@dataclass(frozen=True)
+class GrammarCompiled:
+    """For the loop: the grammar a waiting request asked for is compiled (`grammar`), or failed (`error`: a
+    GrammarError for an invalid one, a ValueError; anything else a bug)."""
+
+    request_id: str
+    grammar: object = None  # xgrammar's CompiledGrammar
+    error: BaseException | None = None
+
+
+class GrammarCompiles:
+    def __init__(self, grammars: GrammarCompiler, deliver: Callable[[object], None], name: str = "worker"):
+        """`grammars`: the engine's; `deliver`: posts a message to the worker's loop (from any thread)."""
+        self.grammars, self._deliver = grammars, deliver
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-grammars")
+
+    def cached(self, structured: tuple[str, str] | None):
+        """`structured` compiled, if the engine's cache has it (instant); None when it has not, or no grammar
+        is asked for. A request whose grammar is not cached waits for `start`."""
+        return self.grammars.cached(structured) if structured is not None else None
+
+    def start(self, request_id: str, structured: tuple[str, str]) -> None:
+        """Compile on the compile thread; `GrammarCompiled(request_id, ...)` comes back through `deliver`."""
+        future = self._pool.submit(self.grammars.compiled, *structured)
+        future.add_done_callback(lambda done: self._report(request_id, done))
+
+    def _report(self, request_id: str, done: Future) -> None:
+        if done.cancelled():  # closed before it ran: the worker is gone
+            return
+        error = done.exception()
+        if error is not None and not isinstance(error, ValueError):
+            logger.error("compiling the grammar of %s failed", request_id, exc_info=error)
+        grammar = done.result() if error is None else None
+        try:
+            self._deliver(GrammarCompiled(request_id, grammar, error))
+        except RuntimeError:  # the loop has stopped: nobody waits for this request any more
+            pass
+
+    def close(self) -> None:
+        """Drop the compiles not yet started; one under way ends on its own, its answer unread."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
