@@ -4,7 +4,8 @@ beside it went without a token meanwhile.
 
     python scripts/abuse_table.py            # replaces the table between the abuse markers of RELIABILITY.md
 
-tests/e2e/test_request_limits.py sends the same bodies (`ABUSE`) to a router over a tiny model.
+tests/e2e/test_request_limits.py sends the same bodies (`ABUSE`, `TOKENIZE_ABUSE`, `EXTRA_ABUSE`) to a router
+over a tiny model.
 """
 
 from __future__ import annotations
@@ -45,14 +46,55 @@ ABUSE = {
 CHAT_ABUSE = {
     "100,000 chat messages": ({"messages": [{"role": "user", "content": "a"}] * 100_000}, "messages"),
 }
+# Beside the API: vLLM's /tokenize and /detokenize (no max_tokens), the same bounds.
+TOKENIZE_ABUSE = {
+    "/tokenize of 100,000 chat messages": ({"messages": [{"role": "user", "content": "a"}] * 100_000}, "messages",
+                                           "/tokenize"),  # fmt: skip
+    "/tokenize of a text of 6,000,000 characters": ({"prompt": "hello world " * 500_000}, "prompt", "/tokenize"),
+    "/detokenize of 1,000,000 ids": ({"tokens": [7] * 1_000_000}, "tokens", "/detokenize"),
+}
+
+
+def _deep_schema(depth: int) -> str:
+    """A JSON schema nested `depth` objects deep, as text (json.dumps of the dicts would recurse as deep)."""
+    return '{"type": "object", "properties": {"a": ' * depth + '{"type": "string"}' + "}}" * depth
+
+
+_HELLO = [{"role": "user", "content": "hi"}]
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+# What the extra fields let a body ask for (issue 30), to either endpoint; status 200 where the work is
+# legitimate and must only not stall anyone: (body, the field its 400 names or None for a 200, path).
+EXTRA_ABUSE = {
+    "20,000 tools": ({"messages": _HELLO, "tools": [_TOOL] * 20_000}, "tools", "/v1/chat/completions"),
+    "a JSON schema nested 5,000 deep": ({"prompt": "hi", "guided_json": _deep_schema(5000)}, "guided_json",
+                                        "/v1/completions"),  # fmt: skip
+    "a grammar of 200,000 rules": ({"prompt": "hi", "guided_grammar": "root ::= r0\n" + "\n".join(
+        f'r{i} ::= "a" r{i + 1} | "b"' for i in range(200_000)) + '\nr200000 ::= "c"'}, "guided_grammar",
+        "/v1/completions"),  # fmt: skip
+    "100,000 guided choices": ({"prompt": "hi", "guided_choice": [f"c{i}" for i in range(100_000)]}, "guided_choice",
+                               "/v1/completions"),  # fmt: skip
+    "a regex xgrammar takes seconds to compile": ({"prompt": "hi", "guided_regex": "(a|aa)*" * 200 + "b"}, None,
+                                                   "/v1/completions"),  # fmt: skip
+    "a message's tool_calls of [1]": ({"messages": [{"role": "assistant", "content": "", "tool_calls": [1]},
+                                                    *_HELLO]}, "messages", "/v1/chat/completions"),  # fmt: skip
+    "a tool_choice whose function is a string": ({"messages": _HELLO, "tools": [_TOOL], "tool_choice": {
+        "type": "function", "function": "f"}}, "tool_choice", "/v1/chat/completions"),  # fmt: skip
+    "tool_choice auto with a guided_regex of 4,000 spaces": ({"messages": _HELLO, "tools": [_TOOL], "tool_choice":
+        "auto", "guided_regex": " {4000}"}, "tool_choice", "/v1/chat/completions"),  # fmt: skip
+    "a cache_salt that is a number": ({"prompt": "hi", "cache_salt": 5}, "cache_salt", "/v1/completions"),
+    "logprobs 20 of 300 tokens x n 4, not streamed": ({"prompt": "hi", "logprobs": 20, "max_tokens": 300, "n": 4,
+                                                        "ignore_eos": True}, None, "/v1/completions"),  # fmt: skip
+}
 DEEP_JSON = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 NINE_MIB = b'{"model": "m", "prompt": "' + b"a" * (9 << 20) + b'"}'  # past the 8 MiB body limit: 413
+STREAM_TOKENS = 6000  # the stream beside: long enough to outlast every row
 MARKERS = ("<!-- abuse:latest -->", "<!-- /abuse:latest -->")
 
 
 def post(url: str, body: dict | bytes, model: str, path: str = "/v1/completions") -> tuple[int, str, float]:
     """(status, the error's param or "", seconds to the answer)."""
-    content = body if isinstance(body, bytes) else json.dumps({"model": model, "max_tokens": 2, **body}).encode()
+    limit = {} if path in ("/tokenize", "/detokenize") else {"max_tokens": 2}
+    content = body if isinstance(body, bytes) else json.dumps({"model": model, **limit, **body}).encode()
     request = urllib.request.Request(f"{url}{path}", data=content, headers={"content-type": "application/json"})
     start = time.perf_counter()
     try:
@@ -71,8 +113,8 @@ class Stream(threading.Thread):
         self.url, self.model, self.arrivals = url, model, []
 
     def run(self):
-        body = {"model": self.model, "prompt": "Count from one to a thousand:", "max_tokens": 2000, "temperature": 0,
-                "stream": True, "ignore_eos": True}  # fmt: skip
+        body = {"model": self.model, "prompt": "Count from one to a thousand:", "max_tokens": STREAM_TOKENS,
+                "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
         request = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
                                          headers={"content-type": "application/json"})  # fmt: skip
         with urllib.request.urlopen(request, timeout=600) as reply:
@@ -157,7 +199,8 @@ def main(argv=None) -> None:
         bodies = [*((n, b, "/v1/completions") for n, (b, _) in ABUSE.items()),
                   *((n, b, "/v1/chat/completions") for n, (b, _) in CHAT_ABUSE.items()),
                   ("JSON nested 100,000 deep", DEEP_JSON, "/v1/completions"),
-                  ("a body of 9 MiB", NINE_MIB, "/v1/completions")]  # fmt: skip
+                  ("a body of 9 MiB", NINE_MIB, "/v1/completions"),
+                  *((n, b, path) for n, (b, _, path) in {**TOKENIZE_ABUSE, **EXTRA_ABUSE}.items())]  # fmt: skip
         for name, body, path in bodies:
             start = time.perf_counter()
             status, param, took = post(url, body, SERVED_NAME, path)
@@ -177,8 +220,9 @@ def main(argv=None) -> None:
     # No `### ` heading: scripts/bench_faults.py keeps only what comes before the first one.
     text = (f"{MARKERS[0]}\n**`python scripts/abuse_table.py`**\n\nRun of {time.strftime('%Y-%m-%d %H:%M')}, commit "
             f"{git_commit()}, on {machine_line()}. `tandem serve` with its defaults; each body sent (with "
-            f"`max_tokens: 2`) while a streamed completion of 2,000 tokens ran; worker restarts after all of "
-            f"them: {worker_restarts}.\n\n" + "\n".join(rows) + f"\n{MARKERS[1]}")  # fmt: skip
+            f"`max_tokens: 2` unless it says otherwise) while a streamed completion of {STREAM_TOKENS:,} tokens ran; "
+            f"worker restarts after all of them: {worker_restarts}.\n\n" + "\n".join(rows)
+            + f"\n{MARKERS[1]}")  # fmt: skip
     out = Path(args.out)
     current = out.read_text()
     begin, end = current.find(MARKERS[0]), current.find(MARKERS[1])

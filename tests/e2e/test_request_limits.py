@@ -12,7 +12,7 @@ import pytest
 
 from engine import EngineArgs
 from router.config import RouterConfig
-from scripts.abuse_table import ABUSE, CHAT_ABUSE, DEEP_JSON, NINE_MIB
+from scripts.abuse_table import ABUSE, CHAT_ABUSE, DEEP_JSON, EXTRA_ABUSE, NINE_MIB, TOKENIZE_ABUSE
 from tests.e2e.router_cluster import CHAT_TEMPLATE, router_on_ray
 from tests.e2e.test_router_openai import _wait_all_free
 
@@ -30,7 +30,8 @@ def served(ray_session, tiny_model_dirs):
 
 def _post(url: str, body: dict | bytes, path: str = "/v1/completions") -> httpx.Response:
     """How long the refusals take is `scripts/abuse_table.py`'s to measure (RELIABILITY.md), not a test's."""
-    content = body if isinstance(body, bytes) else json.dumps({"model": MODEL, "max_tokens": 2, **body}).encode()
+    limit = {} if path in ("/tokenize", "/detokenize") else {"max_tokens": 2}
+    content = body if isinstance(body, bytes) else json.dumps({"model": MODEL, **limit, **body}).encode()
     return httpx.post(f"{url}{path}", content=content, headers={"content-type": "application/json"}, timeout=30)
 
 
@@ -54,6 +55,12 @@ def test_hostile_bodies_are_400s_while_a_stream_keeps_going(served):
     for name, (body, param) in CHAT_ABUSE.items():
         reply = _post(served.url, body, "/v1/chat/completions")
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, (name, reply.text[:200])
+    for name, (body, param, path) in {**TOKENIZE_ABUSE, **EXTRA_ABUSE}.items():
+        reply = _post(served.url, body, path)
+        if param is None:  # legitimate work (here past the tiny model's context, maybe): never a 5xx
+            assert reply.status_code < 500, (name, reply.text[:200])
+        else:
+            assert reply.status_code == 400 and reply.json()["error"]["param"] == param, (name, reply.text[:200])
     big = _post(served.url, NINE_MIB)
     assert big.status_code == 413
     deep = _post(served.url, DEEP_JSON)

@@ -187,8 +187,9 @@ def _fuzz(operation, mode: GenerationMode, statuses: collections.Counter) -> Non
 # beside an otherwise valid body.
 
 EXTRA_EXAMPLES = 30  # per field
-_json = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-                     | st.text(max_size=12), lambda inner: st.lists(inner, max_size=4)
+_scalar = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+           | st.text(max_size=12))  # fmt: skip
+_json = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)  # fmt: skip
 _regex = st.text(alphabet="ab()[]{}*+?|\\.^$0-9,-", max_size=24)
 _grammar = st.text(alphabet='root:= "ab|()*+?[]\n\\', max_size=40).map(lambda body: "root ::= " + body)
@@ -206,10 +207,9 @@ _function = st.fixed_dictionaries({"name": st.text(max_size=10) | _json},
                                   optional={"parameters": _schema | _json, "description": st.text(max_size=10)})
 _tools = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["function", "other"]), "function": _function | _json})
                   | _json, max_size=3)  # fmt: skip
-_tool_calls = st.lists(st.fixed_dictionaries({"id": st.text(max_size=6), "type": st.just("function"),
-                                              "function": st.fixed_dictionaries({"name": st.text(max_size=6),
-                                                                                 "arguments": st.text(max_size=12) | _json})})
-                       | _json, max_size=2)  # fmt: skip
+_call = st.fixed_dictionaries({"name": st.text(max_size=6), "arguments": st.text(max_size=12) | _json})
+_tool_call = st.fixed_dictionaries({"id": st.text(max_size=6), "type": st.just("function"), "function": _call})
+_tool_calls = st.lists(_tool_call | _json, max_size=2)
 EXTRA_FIELDS = {  # field -> (values, endpoints it is sent to)
     "response_format": (st.fixed_dictionaries({"type": st.sampled_from(["json_object", "json_schema", "text", "x"])},
                                               optional={"json_schema": st.fixed_dictionaries(
