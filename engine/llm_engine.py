@@ -47,11 +47,13 @@ MAX_FAILED_STEPS_BEFORE_ENDING = 3
 class EngineStepError(RuntimeError):
     """A forward step failed; `request_ids` are the requests it ended (blocks freed), those that failed alone.
     The others of the step recompute, each alone, before they rejoin a batch (`LLMEngine._after_failed_step`).
+    `attributed`: the step held one suspect alone, so the failure is that request's, not the worker's (a
+    worker's failed steps in a row mean a sticky device error only when no request explains them).
     """
 
-    def __init__(self, request_ids: list[str], cause: BaseException):
+    def __init__(self, request_ids: list[str], cause: BaseException, attributed: bool = False):
         super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); ended {request_ids}")
-        self.request_ids = request_ids
+        self.request_ids, self.attributed = request_ids, attributed
 
 
 @dataclass(frozen=True)
@@ -255,7 +257,8 @@ class LLMEngine:
             batch = self.runner.prepare(sched.scheduled)
             sampled = self.runner.execute(batch, attachment, connector.save_layer if connector is not None else None)
         except Exception as err:
-            raise EngineStepError(self._after_failed_step(sched), err) from err
+            attributed = len(sched.scheduled) == 1 and sched.scheduled[0].request.suspect
+            raise EngineStepError(self._after_failed_step(sched), err, attributed) from err
         outputs = self._update(sched, sampled, batch.prompt_spans)
         self.prefill_meter.record(advanced, self.clock() - started)
         return outputs

@@ -127,14 +127,15 @@ class RequestTable(LoopWorker):
         return self.window.deadline(self.lease.next_deadline(self.records.values()))
 
     def engine_step(self) -> list[RequestOutput] | None:
-        """One engine step's outputs; None when it failed (the engine ended those requests and freed what they
-        held; each record hears STEP_FAILED)."""
+        """One engine step's outputs; None when it failed (the engine ended the requests it names and freed what
+        they held; each record hears STEP_FAILED). A failure the engine attributes to the one suspect request
+        it ran alone is that request's: no outputs, but not a failed step of this worker (`LoadBoard`)."""
         try:
             return self.engine.step()
         except EngineStepError as err:
             for request_id in err.request_ids:
                 self.on(request_id, self.events.STEP_FAILED, str(err))
-            return None
+            return [] if err.attributed else None
 
     def check_deadlines(self, now: float | None = None) -> None:
         """End what is overdue at `now` (monotonic seconds; None: now): everything once the router is gone."""

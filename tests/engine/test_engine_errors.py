@@ -156,6 +156,7 @@ def test_a_failed_step_ends_only_the_request_that_fails_alone_and_the_others_fin
             finished |= {out.request_id: out.outputs[0].token_ids for out in engine.step() if out.finished}
         except EngineStepError as err:
             ended, failures = ended + err.request_ids, failures + 1
+            assert err.attributed == (err.request_ids == ["poison"])  # its own step's failure is the request's
     assert (ended, failures) == (["poison"], 2)  # the step of all three ended nobody; the poison's own ended it
     assert finished == alone  # recomputed alone, then batched again: the same tokens
     assert engine.kv_cache.num_free_blocks == engine.runner.num_blocks

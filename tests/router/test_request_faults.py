@@ -93,3 +93,30 @@ def test_a_request_beside_the_poison_is_not_blamed_for_its_failed_steps(poisoned
     tokens, alone = asyncio.run(main())
     assert tokens == alone and len(tokens) == 40  # the same tokens as with no poison around
     wait_for(lambda: worker.is_idle() and worker.pool_all_free(), f"{worker.name} idle, every block free", 30)
+
+
+def test_two_poisons_in_one_batch_are_theirs_not_a_worker_failing_every_step(poisoned):
+    """Two poison prompts join a stream's steps at once: the batch fails, then each poison fails alone. Those
+    lone failures are the requests', not the worker's: it is not taken for a worker whose steps all fail
+    (3 in a row), and the stream goes on."""
+    worker = poisoned[0]
+    long = dataclasses.replace(GREEDY, max_tokens=30)
+
+    async def main():
+        registry = WorkerRegistry(make_policy("round_robin"))
+        async with colocated_dispatcher(registry, [worker]) as dispatcher:
+            beside = await dispatcher.start([5, 6, 9], long)
+            chunks = beside.chunks()
+            tokens = list((await chunks.__anext__()).token_ids)
+            poisons = [asyncio.create_task(tokens_of(await dispatcher.start([p, *POISON, 7], GREEDY))) for p in (4, 5)]
+            async for chunk in chunks:
+                tokens += chunk.token_ids
+            beside.close()
+            failures = await asyncio.gather(*poisons, return_exceptions=True)
+            await dispatcher.drain_aborts()
+            return tokens, failures, {w.name for w in registry.pickable("decode")}
+
+    tokens, failures, pickable = asyncio.run(main())
+    assert len(tokens) == 30 and all(isinstance(f, RequestFailedSteps) for f in failures)
+    assert worker.board.failed_in_a_row <= 1 and pickable == {worker.name}
+    wait_for(lambda: worker.is_idle() and worker.pool_all_free(), f"{worker.name} idle, every block free", 30)
