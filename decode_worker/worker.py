@@ -142,7 +142,7 @@ class DecodeWorker(RequestTable):
     def step(self) -> bool:
         outputs = self.engine_step()
         if outputs is None:
-            return False
+            return self.failed_step()
         for out in outputs:
             record = self.records.get(out.request_id)
             if record is not None:

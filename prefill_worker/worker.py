@@ -117,7 +117,7 @@ class PrefillWorker(RequestTable):
             self._sending_now = ()
         for out in outputs or ():
             self._hand_over(out)
-        return outputs is not None
+        return True if outputs is not None else self.failed_step()
 
     def overdue(self, record: PrefillRecord) -> tuple[Event, str]:
         return Event.ACK_TIMEOUT, f"rank(s) {sorted(record.holders)} did not let go of it within " \

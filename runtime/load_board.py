@@ -46,12 +46,14 @@ class LoadBoard:
     def step_began(self) -> None:
         self.step_started_at = self.clock()
 
-    def step_ended(self, ok: bool) -> None:
+    def step_ended(self, ok: bool | None) -> None:
+        """`ok` None: the step failed for a request's fault (`LoopWorker.step`): failures in a row stay as they are."""
         started, self.step_started_at = self.step_started_at, None
         if started is not None:
             self.longest_step_s = max(self.longest_step_s, self.clock() - started)
         self.steps += 1
-        self.failed_in_a_row = 0 if ok else self.failed_in_a_row + 1
+        if ok is not None:
+            self.failed_in_a_row = 0 if ok else self.failed_in_a_row + 1
 
     # ---- anyone's ------------------------------------------------------------
     def router_seen(self) -> None:

@@ -48,8 +48,9 @@ class LoopWorker:
         """An engine step to run now."""
         return False
 
-    def step(self) -> bool:
-        """One engine step and its outputs; False if the step failed (its requests were ended)."""
+    def step(self) -> bool | None:
+        """One engine step and its outputs; False if the step failed (its requests were ended), None if it failed
+        for a request's fault, not the worker's (`runtime.request_table.RequestTable.failed_step`)."""
         return True
 
     def next_deadline(self) -> float | None:

@@ -65,6 +65,7 @@ class RequestTable(LoopWorker):
         self.tp_size = engine.config.parallel.tp_size
         self.ranks: RankLinks | None = None  # tensor parallel: links to the follower ranks
         self.records: dict = {}  # insertion order: oldest first
+        self.failure_attributed = False  # the last failed step was a request's fault (`failed_step`)
         self.lease = RouterLease(board, config.router_lease_s)
         self.window = ArrivalWindow(config.arrival_window)  # holds an idle engine's first step for a burst
         self.calls: dict[str, Callable[[Call], None]] = {
@@ -128,14 +129,20 @@ class RequestTable(LoopWorker):
 
     def engine_step(self) -> list[RequestOutput] | None:
         """One engine step's outputs; None when it failed (the engine ended the requests it names and freed what
-        they held; each record hears STEP_FAILED). A failure the engine attributes to the one suspect request
-        it ran alone is that request's: no outputs, but not a failed step of this worker (`LoadBoard`)."""
+        they held; each record hears STEP_FAILED; `failed_step` says whose failure it was)."""
         try:
             return self.engine.step()
         except EngineStepError as err:
+            self.failure_attributed = err.attributed
             for request_id in err.request_ids:
                 self.on(request_id, self.events.STEP_FAILED, str(err))
-            return [] if err.attributed else None
+            return None
+
+    def failed_step(self) -> bool | None:
+        """What the loop counts for the step that just failed (`runtime.loop.LoopWorker.step`): False, this
+        worker's failure; None when the engine attributes it to the one suspect request it ran alone, that
+        request's: neither a failure in a row of this worker (`LoadBoard`) nor a success that resets them."""
+        return None if self.failure_attributed else False
 
     def check_deadlines(self, now: float | None = None) -> None:
         """End what is overdue at `now` (monotonic seconds; None: now): everything once the router is gone."""
