@@ -67,30 +67,34 @@ def test_a_request_that_fails_the_steps_of_two_workers_is_its_own_400(poisoned):
         wait_for(lambda: worker.is_idle() and worker.pool_all_free(), f"{worker.name} idle, every block free", 30)
 
 
+async def _a_stream_beside_poisons(dispatcher, stream_prompt: list[int], max_tokens: int, poisons: list[list[int]]):
+    """A stream of `max_tokens` decoding when the `poisons` arrive (their prefill joins its steps): its tokens,
+    and each poison's outcome (its tokens, or the exception that ended it)."""
+    beside = await dispatcher.start(stream_prompt, dataclasses.replace(GREEDY, max_tokens=max_tokens))
+    chunks = beside.chunks()
+    tokens = list((await chunks.__anext__()).token_ids)
+    started = [asyncio.create_task(tokens_of(await dispatcher.start(p, GREEDY))) for p in poisons]
+    async for chunk in chunks:
+        tokens += chunk.token_ids
+    beside.close()
+    return tokens, await asyncio.gather(*started, return_exceptions=True)
+
+
 def test_a_request_beside_the_poison_is_not_blamed_for_its_failed_steps(poisoned):
     """One worker: a stream decoding when the poison arrives shares the poison's failed step. The worker then
     runs each alone: the poison fails alone (its own 400, on its retry too), the stream goes on unharmed."""
     worker = poisoned[0]
-    long = dataclasses.replace(GREEDY, max_tokens=40)
 
     async def main():
         registry = WorkerRegistry(make_policy("round_robin"))
         async with colocated_dispatcher(registry, [worker]) as dispatcher:
-            beside = await dispatcher.start([5, 6, 8], long)
-            chunks = beside.chunks()
-            first = await chunks.__anext__()  # the stream is decoding: the poison's prefill joins its steps
-            poison = asyncio.create_task(tokens_of(await dispatcher.start([5, *POISON, 7], GREEDY)))
-            tokens = list(first.token_ids)
-            async for chunk in chunks:
-                tokens += chunk.token_ids
-            beside.close()
-            with pytest.raises(RequestFailedSteps):
-                await poison
-            alone = await tokens_of(await dispatcher.start([5, 6, 8], long))
+            tokens, (poison,) = await _a_stream_beside_poisons(dispatcher, [5, 6, 8], 40, [[5, *POISON, 7]])
+            alone = await tokens_of(await dispatcher.start([5, 6, 8], dataclasses.replace(GREEDY, max_tokens=40)))
             await dispatcher.drain_aborts()
-            return tokens, alone[0]
+            return tokens, poison, alone[0]
 
-    tokens, alone = asyncio.run(main())
+    tokens, poison, alone = asyncio.run(main())
+    assert isinstance(poison, RequestFailedSteps)
     assert tokens == alone and len(tokens) == 40  # the same tokens as with no poison around
     wait_for(lambda: worker.is_idle() and worker.pool_all_free(), f"{worker.name} idle, every block free", 30)
 
@@ -100,19 +104,12 @@ def test_two_poisons_in_one_batch_are_theirs_not_a_worker_failing_every_step(poi
     lone failures are the requests', not the worker's: it is not taken for a worker whose steps all fail
     (3 in a row), and the stream goes on."""
     worker = poisoned[0]
-    long = dataclasses.replace(GREEDY, max_tokens=30)
 
     async def main():
         registry = WorkerRegistry(make_policy("round_robin"))
         async with colocated_dispatcher(registry, [worker]) as dispatcher:
-            beside = await dispatcher.start([5, 6, 9], long)
-            chunks = beside.chunks()
-            tokens = list((await chunks.__anext__()).token_ids)
-            poisons = [asyncio.create_task(tokens_of(await dispatcher.start([p, *POISON, 7], GREEDY))) for p in (4, 5)]
-            async for chunk in chunks:
-                tokens += chunk.token_ids
-            beside.close()
-            failures = await asyncio.gather(*poisons, return_exceptions=True)
+            poisons = [[p, *POISON, 7] for p in (4, 5)]
+            tokens, failures = await _a_stream_beside_poisons(dispatcher, [5, 6, 9], 30, poisons)
             await dispatcher.drain_aborts()
             return tokens, failures, {w.name for w in registry.pickable("decode")}
 
