@@ -172,13 +172,18 @@ def _fuzz(operation, mode: GenerationMode, statuses: collections.Counter) -> Non
     @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     def check(case):
         response = case.call(headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
-        statuses[response.status_code] += 1
-        assert response.status_code < 500, f"{case.method} {case.path} {case.body!r}: {response.text[:500]}"
-        if response.status_code >= 400:
-            error = response.json()["error"]
-            assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+        _no_5xx_and_openai_errors(response, statuses, f"{case.method} {case.path} {case.body!r}")
 
     check()
+
+
+def _no_5xx_and_openai_errors(response, statuses: collections.Counter, what: str) -> None:
+    """Count `response`'s status; it must be below 500, and a 4xx an OpenAI-format error."""
+    statuses[response.status_code] += 1
+    assert response.status_code < 500, f"{what[:300]}: {response.text[:500]}"
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
 
 
 # ---- the extra fields, fuzzed one at a time -------------------------------------------------------------
@@ -264,11 +269,7 @@ def test_fuzzed_extra_fields_never_get_a_5xx_and_every_4xx_is_an_openai_error(se
         body = _body_with(field, value, endpoint)
         response = httpx.post(f"{served.server.url}/v1/{endpoint.replace('chat', 'chat/completions')}", json=body,
                               headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)  # fmt: skip
-        statuses[response.status_code] += 1
-        assert response.status_code < 500, f"{endpoint} {json.dumps(body)[:300]}: {response.text[:300]}"
-        if response.status_code >= 400:
-            error = response.json()["error"]
-            assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+        _no_5xx_and_openai_errors(response, statuses, f"{endpoint} {json.dumps(body)}")
 
     check()
     print(f"{field}: {sorted(statuses.items())}")
