@@ -38,7 +38,7 @@ def hash_block_tokens(parent_hash: BlockHash | None, token_ids) -> BlockHash:
     """Chain hash of a full block: H(parent block's hash, this block's token ids). Never of KV bytes.
     No parent: the unsalted root (`chain_root`)."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(parent_hash or b"root")
+    h.update(parent_hash or chain_root())
     h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     return h.digest()
 

@@ -17,6 +17,7 @@ when a seat is free.
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
@@ -91,7 +92,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        suspect = next((r for r in (*self.running, *self.waiting) if r.suspect), None)
+        suspect = next((r for r in chain(self.running, self.waiting) if r.suspect), None)  # no copy of either
         if suspect is not None:  # alone: the step's failure, if any, is its own
             self._schedule_alone(out, suspect, budget)
             if not out.scheduled:  # no blocks for it now: the running others step (and free some), it waits

@@ -45,7 +45,6 @@ class ReceiverStats:
 class _Sender:
     name: str
     last_seen: float
-    over_pair: bool = False  # its tensor frames come over a torch.distributed pair, not inline
     pair: DistPair | None = None
     # Its pair's group being built on a thread of its own (gloo/NCCL: blocks until both ranks have joined,
     # up to the handshake timeout); None once built, or on the ZMQ data plane.
@@ -54,6 +53,11 @@ class _Sender:
     unposted: deque = field(default_factory=deque)
     # Chunks whose frames are still arriving over the pair, oldest first: (header, staging, future).
     in_flight: deque = field(default_factory=deque)
+
+    @property
+    def over_pair(self) -> bool:
+        """Its tensor frames come over a torch.distributed pair (built or being built), not inline."""
+        return self.pair is not None or self.joining is not None
 
     @property
     def waiting(self) -> bool:
@@ -178,7 +182,7 @@ class KVReceiver(KVReceiverBase):
             logger.error("refused KV sender %s: %s", hello.sender_name, e)
             send_message(self._sock, Refused(str(e)), identity=identity)
             return
-        sender = _Sender(hello.sender_name, self.clock(), over_pair=hello.data_plane != "zmq")
+        sender = _Sender(hello.sender_name, self.clock())
         self._pairs_made += 1
         pair_id = self._pairs_made  # never reused: each pair has its own prefix in the store
         if hello.data_plane != "zmq":

@@ -91,10 +91,18 @@ STREAM_TOKENS = 6000  # the stream beside: long enough to outlast every row
 MARKERS = ("<!-- abuse:latest -->", "<!-- /abuse:latest -->")
 
 
+def request_bytes(body: dict | bytes, model: str, path: str) -> bytes:
+    """The body as sent to `path`: bytes as they are; a dict naming `model`, with `max_tokens: 2` unless it says
+    otherwise or the path generates nothing (/tokenize, /detokenize)."""
+    if isinstance(body, bytes):
+        return body
+    limit = {} if path in ("/tokenize", "/detokenize") else {"max_tokens": 2}
+    return json.dumps({"model": model, **limit, **body}).encode()
+
+
 def post(url: str, body: dict | bytes, model: str, path: str = "/v1/completions") -> tuple[int, str, float]:
     """(status, the error's param or "", seconds to the answer)."""
-    limit = {} if path in ("/tokenize", "/detokenize") else {"max_tokens": 2}
-    content = body if isinstance(body, bytes) else json.dumps({"model": model, **limit, **body}).encode()
+    content = request_bytes(body, model, path)
     request = urllib.request.Request(f"{url}{path}", data=content, headers={"content-type": "application/json"})
     start = time.perf_counter()
     try:

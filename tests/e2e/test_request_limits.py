@@ -12,7 +12,7 @@ import pytest
 
 from engine import EngineArgs
 from router.config import RouterConfig
-from scripts.abuse_table import ABUSE, CHAT_ABUSE, DEEP_JSON, EXTRA_ABUSE, NINE_MIB, TOKENIZE_ABUSE
+from scripts.abuse_table import ABUSE, CHAT_ABUSE, DEEP_JSON, EXTRA_ABUSE, NINE_MIB, TOKENIZE_ABUSE, request_bytes
 from tests.e2e.router_cluster import CHAT_TEMPLATE, router_on_ray
 from tests.e2e.test_router_openai import _wait_all_free
 
@@ -30,8 +30,7 @@ def served(ray_session, tiny_model_dirs):
 
 def _post(url: str, body: dict | bytes, path: str = "/v1/completions") -> httpx.Response:
     """How long the refusals take is `scripts/abuse_table.py`'s to measure (RELIABILITY.md), not a test's."""
-    limit = {} if path in ("/tokenize", "/detokenize") else {"max_tokens": 2}
-    content = body if isinstance(body, bytes) else json.dumps({"model": MODEL, **limit, **body}).encode()
+    content = request_bytes(body, MODEL, path)
     return httpx.post(f"{url}{path}", content=content, headers={"content-type": "application/json"}, timeout=30)
 
 
