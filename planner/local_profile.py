@@ -29,7 +29,7 @@ from planner.layout import EngineLimits
 from planner.profiler import ProfileGrid
 
 logger = logging.getLogger("tandem.planner")
-METHOD = "grid-v4"  # how steps are timed and fitted: part of the key
+METHOD = "grid-v5"  # how steps are timed and fitted: part of the key
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,20 @@ pays it. The grid covers what serving mixes:
   - mixed steps: decode batches of `mixed_rows` joined by a prompt of each of `mixed_prompts` tokens.
 
 Every step the grid makes, the setup ones too, is a sample; the fit (`planner.fit`) uses them all.
+
+The grid's cases run in one shuffled order, each cached, decode and mixed case `rounds` times (a decode case
+taking its share of `decode_steps` each time): this VM's speed drifts by 10-40% within an hour, and a grid
+run kind by kind let a slow minute bias a whole group (one-row decode steps at one context timed 17-30 ms),
+which the fit took for a term; spread over the run, the drift is noise the fit averages.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Sequence
 
 from engine.llm_engine import LLMEngine
@@ -40,11 +47,12 @@ class ProfileGrid:
     max_decode_batch_tokens: int = 40_000
     mixed_rows: tuple[int, ...] = (4, 32)
     mixed_prompts: tuple[int, ...] = (128, 1024)
+    rounds: int = 2
 
     @classmethod
     def tiny(cls) -> "ProfileGrid":
         """A grid for tiny test models: every kind of step, seconds in all."""
-        return cls((8, 32, 96), 1, (32,), (16,), (1, 4, 8), (16, 48), 3, 400, (2,), (24,))
+        return cls((8, 32, 96), 1, (32,), (16,), (1, 4, 8), (16, 48), 4, 400, (2,), (24,))
 
 
 class _RecordingRunner:
@@ -82,10 +90,8 @@ class StepProfiler:
             self._warm(grid)
             for _ in range(2 if warm_pass else 1):
                 self.samples.clear()
-                self._prefills(grid)
-                self._cached_prefills(grid)
-                self._decodes(grid)
-                self._mixed(grid)
+                for case in self._cases(grid):
+                    case()
         finally:
             self.engine.runner = self.runner.inner
         return self.samples
@@ -101,44 +107,54 @@ class StepProfiler:
                 self._generate([self._tokens(16) for _ in range(rows)], 3)
         self.samples.clear()
 
-    def _prefills(self, grid: ProfileGrid) -> None:
-        for length in self._fitting(grid.prefill_lengths):
-            self.on_progress(f"prefill {length} tokens")
-            for _ in range(grid.prefill_reps):
-                self._generate([self._tokens(length)], 1)
+    def _cases(self, grid: ProfileGrid) -> list[Callable[[], None]]:
+        """Every case of the grid in one shuffled order (the module's docstring says why)."""
+        prefills, steps = self._fitting(grid.prefill_lengths), math.ceil(grid.decode_steps / grid.rounds)
+        cases = [partial(self._prefill, n) for n in prefills for _ in range(grid.prefill_reps)]
+        for _ in range(grid.rounds):
+            cases += [partial(self._cached_prefill, c, grid.cached_news) for c in self._fitting(grid.cached_contexts)]
+            cases += [partial(self._decode, rows, context, steps) for context, rows in self._decode_batches(grid)]
+            mixed_prompts = self._fitting(grid.mixed_prompts)
+            cases += [partial(self._mixed, rows, n) for rows in grid.mixed_rows for n in mixed_prompts]
+        self.rng.shuffle(cases)
+        return cases
 
-    def _cached_prefills(self, grid: ProfileGrid) -> None:
-        for context in self._fitting(grid.cached_contexts):
-            base = self._tokens(context)
-            self._generate([base], 1)
-            for new in self._fitting(grid.cached_news, context):
-                self.on_progress(f"prefill {new} tokens after {context} cached")
-                self._generate([base + self._tokens(new)], 1)
+    def _prefill(self, length: int) -> None:
+        self.on_progress(f"prefill {length} tokens")
+        self._generate([self._tokens(length)], 1)
 
-    def _decodes(self, grid: ProfileGrid) -> None:
+    def _cached_prefill(self, context: int, news: Sequence[int]) -> None:
+        """A prompt of `context` tokens, then each of `news` tokens more after it (served by the prefix cache)."""
+        base = self._tokens(context)
+        self._generate([base], 1)
+        for new in self._fitting(news, context):
+            self.on_progress(f"prefill {new} tokens after {context} cached")
+            self._generate([base + self._tokens(new)], 1)
+
+    def _decode_batches(self, grid: ProfileGrid) -> list[tuple[int, int]]:
+        """(context, rows) of each decode batch that fits the grid's bound and the engine."""
+        return [(context, rows) for context in self._fitting(grid.decode_contexts, grid.decode_steps)
+                for rows in grid.decode_rows
+                if rows * context <= grid.max_decode_batch_tokens and self._fits(rows, context + grid.decode_steps)]  # fmt: skip
+
+    def _decode(self, rows: int, context: int, steps: int) -> None:
         """Rows prefilled first (those done early decode beside the later chunks: mixed steps, kept too), then
-        `decode_steps` steps of the whole batch, then the batch is dropped."""
-        for context in self._fitting(grid.decode_contexts, grid.decode_steps):
-            for rows in grid.decode_rows:
-                if rows * context > grid.max_decode_batch_tokens or not self._fits(rows, context + grid.decode_steps):
-                    continue
-                self.on_progress(f"decode {rows} rows at context {context}")
-                room = self.engine.max_model_len - context - 1
-                ids = self._add([self._tokens(context) for _ in range(rows)], room)
-                self._step_until(lambda: all(self.engine.requests[i].output_token_ids for i in ids))
-                for _ in range(grid.decode_steps):
-                    self._step()
-                for request_id in ids:
-                    self.engine.abort_request(request_id)
+        `steps` steps of the whole batch, then the batch is dropped."""
+        self.on_progress(f"decode {rows} rows at context {context}")
+        room = self.engine.max_model_len - context - 1
+        ids = self._add([self._tokens(context) for _ in range(rows)], room)
+        self._step_until(lambda: all(self.engine.requests[i].output_token_ids for i in ids))
+        for _ in range(steps):
+            self._step()
+        for request_id in ids:
+            self.engine.abort_request(request_id)
 
-    def _mixed(self, grid: ProfileGrid) -> None:
-        for rows in grid.mixed_rows:
-            for prompt in self._fitting(grid.mixed_prompts):
-                self.on_progress(f"{rows} decode rows with a {prompt}-token prompt")
-                self._add([self._tokens(64) for _ in range(rows)], 8)
-                self._step_until(lambda: all(r.output_token_ids for r in self.engine.requests.values()))
-                self._add([self._tokens(prompt)], 1)
-                self._step_until(lambda: not self.engine.has_unfinished_requests())
+    def _mixed(self, rows: int, prompt: int) -> None:
+        self.on_progress(f"{rows} decode rows with a {prompt}-token prompt")
+        self._add([self._tokens(64) for _ in range(rows)], 8)
+        self._step_until(lambda: all(r.output_token_ids for r in self.engine.requests.values()))
+        self._add([self._tokens(prompt)], 1)
+        self._step_until(lambda: not self.engine.has_unfinished_requests())
 
     # ---- driving the engine ----------------------------------------------------------
     def _generate(self, prompts: list[list[int]], max_tokens: int) -> None:

@@ -6,8 +6,11 @@ import dataclasses
 
 import pytest
 
+from cluster import calibration_beside as beside
 from cluster import serving_calibration as calibration
 from tests.planner.profiles import hand_profile
+
+DEFAULT = beside.BesideProbes()
 
 
 def _profile():
@@ -53,38 +56,43 @@ def test_several_workers_are_fitted_a_time_per_step_alone_and_a_factor_beside_bu
     assert simulated == pytest.approx(0.05, rel=0.05)  # steep there: slower steps overlap more and queue more
 
 
-def _beside(profile, extra_short: float, extra_long: float, itl_alone: float = 0.03, itl_beside: float = 0.03):
-    """The probes as served beside a decoding worker, 2 s apart from 10 s on: the simulator's price alone (the
-    idle prefill's factor, 0.25 / 0.266) plus `extra_*` seconds; and the stream beside them, its first token at
-    9 s, then one every `itl_beside` while a probe is prefilled and every `itl_alone` otherwise."""
-    from costmodel import StepShape
+def _beside(extra_short: float, extra_long: float, itl_alone: float = 0.03, itl_beside: float = 0.03):
+    """Three rounds as served, 30 s apart: in each the stream's first token, a second of it alone, then the
+    probes 2 s apart, each prefilled in its quiet twin's time plus `extra_*`; the machine's speed drifts
+    between rounds (quiet prefill 1 ms a token at 1.0x, 1.3x, 0.8x), which the twins cancel. The stream sends
+    a token every `itl_beside` while a probe is prefilled and every `itl_alone` otherwise."""
+    rounds = []
+    for r, drift in enumerate((1.0, 1.3, 0.8)):
+        t0 = 30.0 * r
 
-    def probe(i: int, n: int):
-        alone = profile.step_seconds(StepShape.prefill(n)) * 0.25 / 0.266
-        served = alone + (extra_short if n == min(calibration.BESIDE_PROBES) else extra_long)
-        return calibration.Outcome(n, 10.0 + 2 * i, True, served, served + 0.01, [0.01], {"prefill_s": served})
+        def probe(i: int, n: int, extra: float = 0.0):
+            served = drift * n * 0.001 + extra
+            return calibration.Outcome(n, t0 + 10.0 + 2 * i, True, served, served + 0.01, [0.01], {"prefill_s": served})
 
-    probes = [probe(i, n) for i, n in enumerate(calibration.BESIDE_PROBES)]
-    times = [9.0]
-    while times[-1] < 20.0:
-        prefilling = any(p.start_time < times[-1] <= p.start_time + p.ttft for p in probes)
-        times.append(times[-1] + (itl_beside if prefilling else itl_alone))
-    stream = calibration.Outcome(calibration.BESIDE_STREAM_PROMPT, 0.0, True, 9.0, times[-1],
-                                 [b - a for a, b in zip(times, times[1:])])  # fmt: skip
-    return calibration.BesideAStream(stream, probes)
+        short, long = DEFAULT.probes[0], DEFAULT.probes[-1]
+        probes = [probe(0, short, extra_short), probe(1, long, extra_long)]
+        quiet = [probe(3, short), probe(4, long)]
+        times = [t0 + 9.0]
+        while times[-1] < t0 + 14.0:
+            prefilling = any(p.start_time < times[-1] <= p.start_time + p.ttft for p in probes)
+            times.append(times[-1] + (itl_beside if prefilling else itl_alone))
+        stream = calibration.Outcome(DEFAULT.stream_prompt, t0, True, 9.0, times[-1] - t0,
+                                     [b - a for a, b in zip(times, times[1:])])  # fmt: skip
+        rounds.append(beside.BesideRound(stream, probes, quiet, alone_s=1.0))
+    return rounds
 
 
 def test_prompts_beside_a_decoding_worker_fit_the_line_through_their_extra_time():
     profile = _profile()
     idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)
-    fitted = calibration._fitted(profile, 2, idle, requests, loaded, _beside(profile, 0.04, 0.09))
+    fitted = calibration._fitted(profile, 2, idle, requests, loaded, _beside(0.04, 0.09))
     assert fitted.serving.prompt_contention_per_token_s == pytest.approx(0.05 / 640)  # 128 and 768 tokens
     assert fitted.serving.prompt_contention_s == pytest.approx(0.04 - 128 * 0.05 / 640)
     assert "prompt_contention_s 30.0 ms + 78.1 us a prompt token" in fitted.notes[-1]
     # A long prompt slowed less than a short one: a time per step, none per token; none slower: nothing.
-    flat = calibration._fitted(profile, 2, idle, requests, loaded, _beside(profile, 0.04, 0.02)).serving
+    flat = calibration._fitted(profile, 2, idle, requests, loaded, _beside(0.04, 0.02)).serving
     assert (flat.prompt_contention_s, flat.prompt_contention_per_token_s) == pytest.approx((0.04, 0.0))
-    none = calibration._fitted(profile, 2, idle, requests, loaded, _beside(profile, -0.01, -0.02)).serving
+    none = calibration._fitted(profile, 2, idle, requests, loaded, _beside(-0.01, -0.02)).serving
     assert (none.prompt_contention_s, none.prompt_contention_per_token_s) == (0.0, 0.0)
     # Without probes (one worker: no neighbour to measure beside) an earlier calibration's line goes too.
     again = calibration._fitted(fitted, 1, idle, calibration._load(profile, 1), loaded).serving
@@ -94,12 +102,12 @@ def test_prompts_beside_a_decoding_worker_fit_the_line_through_their_extra_time(
 def test_the_stream_beside_the_prefilling_probes_fits_the_factor_of_a_decode_step_beside_a_prefill():
     profile = _profile()
     idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)
-    beside = _beside(profile, 0.04, 0.09, itl_alone=0.030, itl_beside=0.045)
-    fitted = calibration._fitted(profile, 2, idle, requests, loaded, beside).serving
-    step = profile.step_seconds(calibration.StepShape.decode(1, calibration.BESIDE_STREAM_PROMPT + 34))
+    rounds = _beside(0.04, 0.09, itl_alone=0.030, itl_beside=0.045)
+    fitted = calibration._fitted(profile, 2, idle, requests, loaded, rounds).serving
+    step = profile.step_seconds(calibration.StepShape.decode(1, DEFAULT.stream_prompt + 33))
     assert fitted.beside_prefill_factor == pytest.approx(1 + 0.015 / step, rel=0.05)
-    assert "beside_prefill_factor" in calibration._fitted(profile, 2, idle, requests, loaded, beside).notes[-1]
-    unslowed = calibration._fitted(profile, 2, idle, requests, loaded, _beside(profile, 0.04, 0.09)).serving
+    assert "beside_prefill_factor" in calibration._fitted(profile, 2, idle, requests, loaded, rounds).notes[-1]
+    unslowed = calibration._fitted(profile, 2, idle, requests, loaded, _beside(0.04, 0.09)).serving
     assert unslowed.beside_prefill_factor == pytest.approx(1.0, abs=0.02)
     alone = calibration._fitted(profile, 1, idle, calibration._load(profile, 1), loaded).serving
     assert alone.beside_prefill_factor is None  # one worker: no neighbour to measure beside

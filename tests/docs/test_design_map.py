@@ -18,7 +18,8 @@ THREAD_START = re.compile(r"threading\.Thread\(|ThreadPoolExecutor\(")
 # Threads that are no part of a serving process's standing structure, each with why.
 SHORT_LIVED_THREADS = {
     "engine/hub_source.py": "one probe of the model hub's reachability at load time, joined with a timeout",
-    "cluster/serving_calibration.py": "`tandem profile --serving`'s client threads, one per request it sends",
+    "cluster/calibration_client.py": "`tandem profile --serving`'s client threads, one per request it sends",
+    "cluster/calibration_beside.py": "`tandem profile --serving`'s one background stream while its probes are sent",
 }
 
 
