@@ -64,7 +64,7 @@ class ControllerActor:
                            "by itself if it dies", serving.pid)  # fmt: skip
         # Last: the router's first sync must see the workers taken over, never an empty membership.
         key = ClusterKey.parse(spec.cluster_key) if spec.cluster_key else None
-        self.membership_service = MembershipService(self.membership, key)  # lives as long as this process
+        self.membership_service = MembershipService(self.membership, key, spec.router_key)  # as long as this process
 
     def _take_over(self, spec: ClusterSpec) -> None:
         """Before any call is served (the router's sync among them): the workers the last incarnation left."""

@@ -31,7 +31,7 @@ from cluster.controller_actor import ControllerClient, start_controller
 from cluster.reaper import reap
 from cluster.router_sync import RouterSync
 from cluster.spec import ClusterSpec, with_overrides
-from wire.socket_security import ClusterKey
+from wire.socket_security import ClusterKey, sender_keypair
 
 logger = logging.getLogger("tandem.cluster")
 
@@ -86,8 +86,10 @@ def router_config(spec: ClusterSpec):
 
 
 def with_cluster_key(spec: ClusterSpec) -> ClusterSpec:
-    """`spec` with a cluster key: its own, or a new one (each deployment its own, unless the spec fixes it)."""
-    return spec if spec.cluster_key else with_overrides(spec, {"cluster_key": ClusterKey.generate().encoded()})
+    """`spec` with a cluster key (its own, or a new one: each deployment its own, unless the spec fixes it) and
+    the router's key: this process's sender key, whose secret never leaves it (the router runs here)."""
+    key = spec.cluster_key or ClusterKey.generate().encoded()
+    return with_overrides(spec, {"cluster_key": key, "router_key": sender_keypair().public})
 
 
 def _data_host(spec: ClusterSpec) -> str:

@@ -7,7 +7,8 @@
 One router syncs at a time, so calls are served one after another on this thread.
 The socket binds to loopback: the controller actor is pinned to the router's node
 (`cluster.controller_actor.start_controller`). It is a control socket like a worker's
-(`wire.control_sockets`: ZMTP heartbeats, size limit, the cluster key's CURVE), so a
+(`wire.control_sockets`: ZMTP heartbeats, size limit, the cluster key's CURVE, admitting the
+router's own key only), so a
 killed controller shows at the router as a dropped connection, and the router asks
 Ray where the restarted one listens.
 """
@@ -24,7 +25,7 @@ from wire.codec import DecodeError, encode
 from wire.control import ControlReply, read_call
 from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from wire.membership import MembershipReport
-from wire.socket_security import ClusterKey, bind_secured, refuse
+from wire.socket_security import ClusterKey, bind_secured, only, refuse
 
 logger = logging.getLogger("tandem.cluster")
 
@@ -34,10 +35,14 @@ _POLL_MS = 200  # how soon `close` is noticed
 class MembershipService:
     """Serves `membership.sync` at `address` until `close()`; owns its socket and thread."""
 
-    def __init__(self, membership: Membership, key: ClusterKey | None = None, address: str = "tcp://127.0.0.1:0"):
+    def __init__(self, membership: Membership, key: ClusterKey | None = None, router_key: str = "",
+                 address: str = "tcp://127.0.0.1:0"):  # fmt: skip
+        """With `key` (the cluster's), only `router_key` (the router's sender key, public half) is admitted:
+        a report says which workers the router holds, and the controller kills what it reports dead."""
         self.membership = membership
         self._sock = control_socket(zmq.Context.instance(), zmq.ROUTER)
-        self.address = bind_secured(self._sock, address, "membership", MAX_CONTROL_MESSAGE_BYTES, key=key)
+        self.address = bind_secured(self._sock, address, "membership", MAX_CONTROL_MESSAGE_BYTES, key=key,
+                                    senders=only(router_key, "router"))  # fmt: skip
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="membership", daemon=True)
         self._thread.start()

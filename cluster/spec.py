@@ -208,6 +208,9 @@ class ClusterSpec(_Strict):
     # The CURVE key every internal socket authenticates with ("<public>:<secret>", Z85); "": the
     # deployment generates one per cluster (wire.socket_security).
     cluster_key: str = Field("", repr=False)
+    # The router's sender key, public half (Z85): the one key workers' control sockets and the controller's
+    # membership socket admit. Set by the deployment to its serving process's own (a spec's value is replaced).
+    router_key: str = ""
 
     @field_validator("cluster_key")
     @classmethod

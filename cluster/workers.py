@@ -184,7 +184,8 @@ def _whereabouts(actor) -> tuple[str, str, str]:
 def worker_config(spec: ClusterSpec, role: str, name: str) -> PrefillWorkerConfig | DecodeWorkerConfig:
     """What the worker `name` of `role`'s pool is configured with, the cluster key included."""
     if role == "prefill":
-        return PrefillWorkerConfig(name, host=bind_host(spec), cluster_key=spec.cluster_key)
+        return PrefillWorkerConfig(name, host=bind_host(spec), cluster_key=spec.cluster_key,
+                                   router_key=spec.router_key)  # fmt: skip
     return decode_config(spec, name)
 
 
@@ -192,7 +193,7 @@ def decode_config(spec: ClusterSpec, name: str) -> DecodeWorkerConfig:
     """With no prefill pool (colocated mode; the router sends no prefill worker) every prompt is prefilled here."""
     return DecodeWorkerConfig(name, host=bind_host(spec), kv_transfer_failure=spec.kv_transfer_failure,
                               local_prefill_threshold=COLOCATED_THRESHOLD if spec.prefill.replicas == 0 else 0,
-                              cluster_key=spec.cluster_key)  # fmt: skip
+                              cluster_key=spec.cluster_key, router_key=spec.router_key)  # fmt: skip
 
 
 def bind_host(spec: ClusterSpec) -> str:

@@ -41,7 +41,7 @@ from wire.codec import DecodeError, decode, encode
 from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from wire.control import CallPayload, ControlCall, ControlReply, ReplyPayload
 from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, ReserveRefused, WorkerLoad
-from wire.socket_security import ClusterKey, connect_secured, open_monitor
+from wire.socket_security import ClusterKey, connect_secured, open_monitor, sender_keypair
 
 logger = logging.getLogger("tandem.router")
 
@@ -133,7 +133,8 @@ class ControlClient:
     def _open(self) -> None:
         self._sock = control_socket(zmq.Context.instance(), zmq.DEALER)
         self._monitor = open_monitor(self._sock, _EVENTS)
-        connect_secured(self._sock, self.address, MAX_CONTROL_MESSAGE_BYTES, key=self.key)
+        # Only the router calls workers and syncs with the controller: both admit its own key, not the cluster's.
+        connect_secured(self._sock, self.address, MAX_CONTROL_MESSAGE_BYTES, key=self.key, sender=sender_keypair())
         self._loop.add_reader(self._sock.FD, self._read_replies)
         self._loop.add_reader(self._monitor.FD, self._read_monitor)
         self._loop.call_soon(self._read_monitor)  # ZMQ's FD signals changes: read what came before

@@ -56,7 +56,8 @@ def worker_maker(engine_args, config, calls: Decoders, kv_service: Callable, wor
 
         def services(io: IOThread) -> list:
             kv = kv_service(engine, board, deliver)
-            return [ControlService(board, calls, deliver, io.post, config.bind_address), kv]
+            return [ControlService(board, calls, deliver, io.post, config.bind_address,
+                                   router_key=config.router_key), kv]
 
         return worker(engine, IOThread(f"{config.name}-io", services), board, deliver)
 

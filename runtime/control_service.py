@@ -24,7 +24,7 @@ import zmq
 from wire.codec import DecodeError, encode
 from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from wire.control import ControlReply, ReplyPayload, read_call
-from wire.socket_security import bind_secured, refuse
+from wire.socket_security import bind_secured, only, refuse
 from runtime.io_thread import IOService
 from runtime.load_board import LoadBoard
 
@@ -70,14 +70,16 @@ request_id_arg = payload_of(str)
 
 class ControlService(IOService):
     """The ROUTER at `address` ("tcp://host:0" picks a port; `address` says which), CURVE-secured
-    with this process's cluster key when it has one."""
+    when this process has a cluster key: then it admits only `router_key` (the router's sender key,
+    public half), since a call can reserve, free, and point the worker's pushes at any address."""
 
     def __init__(self, board: LoadBoard, decoders: Decoders, deliver: Callable[[Call], None],
                  post: Callable[[object], None], address: str = "tcp://127.0.0.1:0",
-                 max_message_bytes: int = MAX_CONTROL_MESSAGE_BYTES):  # fmt: skip
+                 max_message_bytes: int = MAX_CONTROL_MESSAGE_BYTES, router_key: str = ""):  # fmt: skip
         self.board, self._decoders, self._deliver, self._post = board, decoders, deliver, post
         self._sock = control_socket(zmq.Context.instance(), zmq.ROUTER)
-        self.address = bind_secured(self._sock, address, "control", max_message_bytes)
+        self.address = bind_secured(self._sock, address, "control", max_message_bytes,
+                                    senders=only(router_key, "router"))  # fmt: skip
         self.dropped = self.rejected = 0
 
     # ---- IOService ------------------------------------------------------------

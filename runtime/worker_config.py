@@ -27,8 +27,15 @@ class WorkerConfig:
     # before any socket opens (wire.socket_security.use_cluster_key): it travels in the actor's creation
     # arguments, never in Ray's runtime_env.
     cluster_key: str = field(default="", repr=False)
+    # The router's sender key, public half: with a cluster key, the control socket admits only it
+    # (wire.socket_security), so no other member can reserve, free or redirect this worker's pushes.
+    router_key: str = ""
     # Rank r runs on core_sets[r] only (runtime.cpu_pinning; cluster.core_map hands them out); (): unpinned.
     core_sets: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self):
+        if self.cluster_key and not self.router_key:
+            raise ValueError(f"{self.name}: a cluster key needs the router's key (no one could call the worker)")
 
     @property
     def bind_address(self) -> str:

@@ -29,11 +29,28 @@ and dashboard show). A process without a key (unit tests, scripts) runs its
 sockets unauthenticated; size limits still hold; `TANDEM_CLUSTER_KEY` gives one
 to a process started by hand.
 
-A sender key: each worker process makes its own keypair (`sender_keypair()`);
-its secret never leaves the process. It signs the token deltas the worker
-pushes to the router (`connect_secured(..., sender=...)`); the worker reports
-the public half when it registers, and the router takes a request's deltas
-only from the workers that run it.
+A sender key: each process makes its own keypair (`sender_keypair()`); its
+secret never leaves the process. The cluster key only says "a member"; a sender
+key says which one, and a socket bound with `senders` admits only the senders
+allowed to send what it takes, whatever else they hold:
+
+| socket (kind)            | admits                                     | told the key by |
+|--------------------------|--------------------------------------------|-----------------|
+| router's token stream    | each registered worker's sender key; each  | the worker's registration (`sender_key`) |
+|   (`token_stream`)       |   delta only from the workers running its  |                 |
+|                          |   request (the router checks `User-Id`)    |                 |
+| worker's control ROUTER  | the router's sender key only: `reserve`,   | `WorkerConfig.router_key` |
+|   (`control`)            |   `prefill` (the addresses a worker pushes |                 |
+|                          |   to), `abort`, `load`                     |                 |
+| controller's membership  | the router's sender key only: a            | `ClusterSpec.router_key` |
+|   ROUTER (`membership`)  |   `MembershipReport` (drives kills)        |                 |
+| KV, inbox, rank links    | any cluster-key holder (not yet per role)  | -               |
+
+The router's sender key is the serving process's own `sender_keypair()`: it
+presents it on every control and membership DEALER (`router.control_client`);
+the deployment hands its public half to the controller (`ClusterSpec.router_key`)
+and, in their configs, to the workers. A worker or controller with a cluster
+key but no router key admits no caller at all (`only("")`), never any member.
 
 Counters (`refusals()`) are per process and per socket kind; the router
 exports them to Prometheus as `tandem:internal_messages_refused_total`.
@@ -118,6 +135,11 @@ def sender_public_key() -> str:
     """What a worker reports when it registers: its sender key's public half ("" without a cluster key,
     when nothing is authenticated)."""
     return sender_keypair().public if process_key() is not None else ""
+
+
+def only(public_key: str, name: str) -> Callable[[str], str | None]:
+    """A `senders` check admitting one key, `public_key`, as `name` ("" admits nobody)."""
+    return lambda public: name if public_key and public == public_key else None
 
 
 def bind_secured(sock: zmq.Socket, address: str, kind: str, max_message_bytes: int = SMALL_MESSAGE_BYTES,

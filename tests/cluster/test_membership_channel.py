@@ -1,10 +1,14 @@
 """The controller↔router channel through real sockets (no Ray): the controller's `MembershipService`
-and the router's `RouterSync`, CURVE-secured with a cluster key, through a controller restart."""
+and the router's `RouterSync`, CURVE-secured with a cluster key and admitting the router's own key only,
+through a controller restart."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+
+import pytest
+import zmq
 
 from cluster.membership import Membership
 from cluster.membership_service import MembershipService
@@ -12,7 +16,12 @@ from cluster.router_sync import RouterSync
 from router.policy import make_policy
 from router.registry import WorkerRegistry
 from tests.cluster.fakes import FakeWorker
-from wire.socket_security import ClusterKey
+from tests.kvtransfer.hostile import close_all, wait_refused
+from wire.codec import encode
+from wire.control import ControlCall
+from wire.control_sockets import control_socket
+from wire.membership import MemberView, MembershipReport
+from wire.socket_security import ClusterKey, connect_secured, refusals, sender_keypair
 
 
 class Controller:
@@ -21,7 +30,8 @@ class Controller:
     def __init__(self, key: ClusterKey, workers: list[FakeWorker] = ()):
         self.membership = Membership(ack_timeout_s=20.0, poll_s=0.05)
         self.membership.adopt(list(workers))
-        self.service = MembershipService(self.membership, key)
+        # This process is the router: RouterSync presents its sender key, as the serving process does.
+        self.service = MembershipService(self.membership, key, sender_keypair().public)
 
 
 async def _until(condition, timeout_s: float = 20.0) -> None:
@@ -87,3 +97,21 @@ def test_a_router_without_the_cluster_key_is_never_answered():
     asyncio.run(scenario())
     controller.service.close()
     assert not registry.workers and not controller.membership.snapshot()
+
+
+@pytest.mark.parametrize("sender", [None, ClusterKey.generate()], ids=["cluster_key", "worker_sender_key"])
+def test_a_forged_report_from_a_member_that_is_not_the_router_is_never_taken(sender):
+    """A worker holds the cluster key: a report it forged saying every worker is dead (which the controller
+    would act on by killing them) is refused at the handshake, and the controller never reads it."""
+    key = ClusterKey.generate()
+    controller = Controller(key, [FakeWorker("decode-0", "decode")])
+    before = refusals()
+    forger = control_socket(zmq.Context.instance(), zmq.DEALER)
+    connect_secured(forger, controller.service.address, key=key, sender=sender)
+    dead = MemberView("decode-0", "", alive=False, draining=False, in_flight=0)
+    forger.send(encode(ControlCall(1, "sync", MembershipReport(-1, (dead,)))))
+    assert forger.poll(1000, zmq.POLLIN) == 0  # never answered
+    wait_refused(refusals, before, "membership", reasons=("unauthenticated",))
+    assert controller.membership.snapshot() == {}  # no report was taken: nothing says decode-0 is dead
+    close_all([forger])
+    controller.service.close()

@@ -15,6 +15,7 @@ from prefill_worker.worker import PrefillWorkerConfig
 from router.app import create_app
 from router.config import RouterConfig
 from router.server import RouterServer
+from wire.socket_security import sender_keypair
 
 # The tiny test models have no chat template of their own.
 CHAT_TEMPLATE = (
@@ -36,8 +37,10 @@ def router_on_ray(ray, args: EngineArgs, config: RouterConfig, port: int = 0):
     On exit the workers must shut down clean (every block free); the actors are killed either way.
     """
     key = config.cluster_key.encoded() if config.cluster_key else ""  # as cluster/workers: in the worker's config
-    prefill = start_worker_actor(PrefillActor, args, PrefillWorkerConfig("prefill-0", cluster_key=key))
-    decode = start_worker_actor(DecodeActor, args, DecodeWorkerConfig("decode-0", cluster_key=key))
+    router = sender_keypair().public if key else ""  # this process is the router: workers admit only its key
+    keys = {"cluster_key": key, "router_key": router}
+    prefill = start_worker_actor(PrefillActor, args, PrefillWorkerConfig("prefill-0", **keys))
+    decode = start_worker_actor(DecodeActor, args, DecodeWorkerConfig("decode-0", **keys))
     app = create_app(config)
     ray.get([a.is_idle.remote() for a in (prefill, decode)])  # built: the cluster registers ready workers
     registry = app.state.router.registry

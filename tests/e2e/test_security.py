@@ -71,8 +71,12 @@ def test_internal_sockets_refuse_hostile_traffic_and_the_cluster_still_serves(se
     clients = send_hostile(stream_address, CLUSTER_KEY, oversized)
     clients += send_hostile(kv_address, CLUSTER_KEY, oversized, zmq.DEALER)
     clients += send_hostile(inbox_address, CLUSTER_KEY, oversized)
-    # The router's stream admits the workers' own keys only: even the cluster key's holder never gets in.
+    control_address = s.ray.get(s.actors[1].control_address.remote())
+    clients += send_hostile(control_address, CLUSTER_KEY, oversized, zmq.DEALER)
+    # The router's stream admits the workers' own keys only, a worker's control socket the router's only:
+    # even the cluster key's holder never gets in.
     wait_refused(refusals, router_before, "token_stream", reasons=("unauthenticated", "bad_handshake"))
+    wait_refused(lambda: _decode_refusals(s), worker_before, "control", reasons=("unauthenticated", "bad_handshake"))
     for kind in ("kv", "inbox"):
         wait_refused(lambda: _decode_refusals(s), worker_before, kind)
 
@@ -82,6 +86,7 @@ def test_internal_sockets_refuse_hostile_traffic_and_the_cluster_still_serves(se
     assert s.app.state.router.registry.live("decode") and out.choices[0].finish_reason == "length"
     assert out.choices[0].text == _greedy_text(s, prompt)
     assert delta(refusals(), router_before, "token_stream")["malformed"] == 0  # nothing of theirs was read
+    assert delta(_decode_refusals(s), worker_before, "control")["malformed"] == 0
     assert all(delta(_decode_refusals(s), worker_before, kind)["malformed"] == 1 for kind in ("kv", "inbox"))
     metrics = _metrics(s)
     assert 'tandem:internal_messages_refused_total{reason="unauthenticated",socket="token_stream",worker="router"}' \

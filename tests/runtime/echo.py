@@ -48,11 +48,12 @@ CALLS = {"echo": _echo_arg, "abort": request_id_arg}
 class Server:
     """A control service on its own I/O thread, delivering calls to `deliver`."""
 
-    def __init__(self, deliver, max_message_bytes: int = 16 << 20, address: str = "tcp://127.0.0.1:0"):
+    def __init__(self, deliver, max_message_bytes: int = 16 << 20, address: str = "tcp://127.0.0.1:0",
+                 router_key: str = ""):  # fmt: skip
         self.board = LoadBoard("echo")
         self.board.publish(LoopSnapshot(ECHO_LOAD, True, True))
         self.io = IOThread("echo-io", lambda io: [ControlService(self.board, CALLS, deliver, io.post, address,
-                                                                 max_message_bytes)])  # fmt: skip
+                                                                 max_message_bytes, router_key)])  # fmt: skip
         self.service = self.io.services[0]
         self.address = self.service.address
 
