@@ -14,9 +14,9 @@ One call per socket, before it binds or connects. What it does:
   ZMQ context) admits only clients holding a cluster key's secret. A client
   without it never completes the handshake (counted `unauthenticated`, or
   `bad_handshake` when it speaks no CURVE, or no ZMTP at all).
-- A socket bound with `senders` (the router's token stream) admits no cluster
-  key but the sender keys that function knows, each a worker's own, and each
-  message it receives carries its sender's public key (ZMQ's `User-Id`).
+- A socket bound with `senders` (below) admits no cluster key but the sender
+  keys that function knows, and each message it receives carries its
+  sender's public key (ZMQ's `User-Id`).
 - Binds only to a given interface (loopback or the node's address), never to
   a wildcard.
 
@@ -34,17 +34,17 @@ secret never leaves the process. The cluster key only says "a member"; a sender
 key says which one, and a socket bound with `senders` admits only the senders
 allowed to send what it takes, whatever else they hold:
 
-| socket (kind)            | admits                                     | told the key by |
-|--------------------------|--------------------------------------------|-----------------|
-| router's token stream    | each registered worker's sender key; each  | the worker's registration (`sender_key`) |
-|   (`token_stream`)       |   delta only from the workers running its  |                 |
-|                          |   request (the router checks `User-Id`)    |                 |
-| worker's control ROUTER  | the router's sender key only: `reserve`,   | `WorkerConfig.router_key` |
-|   (`control`)            |   `prefill` (the addresses a worker pushes |                 |
-|                          |   to), `abort`, `load`                     |                 |
-| controller's membership  | the router's sender key only: a            | `ClusterSpec.router_key` |
-|   ROUTER (`membership`)  |   `MembershipReport` (drives kills)        |                 |
-| KV, inbox, rank links    | any cluster-key holder (not yet per role)  | -               |
+- the router's token stream (`token_stream`): each registered worker's own
+  key (told by its registration, `sender_key`), and each delta only from the
+  workers running its request (the router checks `User-Id`);
+- a worker's control ROUTER (`control`): the router's key only
+  (`WorkerConfig.router_key`): its calls reserve and free KV blocks and say
+  where the worker pushes tokens, first tokens and KV;
+- the controller's membership ROUTER (`membership`): the router's key only
+  (`ClusterSpec.router_key`): a `MembershipReport` says which workers are
+  dead, and the controller kills them;
+- not yet per role: decode's KV receiver, decode's inbox and the TP rank
+  links admit any holder of the cluster key.
 
 The router's sender key is the serving process's own `sender_keypair()`: it
 presents it on every control and membership DEALER (`router.control_client`);
