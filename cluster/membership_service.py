@@ -7,10 +7,9 @@
 One router syncs at a time, so calls are served one after another on this thread.
 The socket binds to loopback: the controller actor is pinned to the router's node
 (`cluster.controller_actor.start_controller`). It is a control socket like a worker's
-(`wire.control_sockets`: ZMTP heartbeats, size limit, the cluster key's CURVE, admitting the
-router's own key only), so a
-killed controller shows at the router as a dropped connection, and the router asks
-Ray where the restarted one listens.
+(`wire.control_sockets`: ZMTP heartbeats, size limit, the cluster key's CURVE admitting the
+router's own key only), so a killed controller shows at the router as a dropped connection,
+and the router asks Ray where the restarted one listens.
 """
 
 from __future__ import annotations
