@@ -29,7 +29,7 @@ class DecodeFollower(FollowerRole):
         receiver = KVReceiver(follower.runner.kv_caches, kv_spec_for(follower.config), c.bind_address, p.tp_size,
                               p.rank, timeouts=c.timeouts)  # fmt: skip
         self.control = RankControlService(RankControl(p.rank, c.bind_address), io, {
-            ExpectShard: lambda msg: self.kv.expect(ExpectKV(msg.request_id, msg.block_ids)),
+            ExpectShard: lambda msg: self.kv.expect(ExpectKV(msg.request_id, msg.block_ids, msg.transfer_token)),
             DropShard: lambda msg: receiver.abort(msg.request_id, msg.reason),  # a no-op once it ended
         })  # fmt: skip
         self.kv = KVReceiving(receiver, self.control.report, p.rank)

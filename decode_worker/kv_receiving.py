@@ -15,7 +15,7 @@ request's block table points at reserved blocks.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from kvtransfer.receiver import KVReceiver
@@ -29,6 +29,7 @@ logger = logging.getLogger("tandem.decode")
 class ExpectKV:
     request_id: str
     block_ids: tuple[int, ...]
+    transfer_token: str = field(default="", repr=False)  # the reservation's: chunks without it are refused
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class KVReceiving(TransferService):
 
     def expect(self, cmd: ExpectKV) -> None:
         try:
-            self.receiver.recv(cmd.request_id, cmd.block_ids)
+            self.receiver.recv(cmd.request_id, cmd.block_ids, cmd.transfer_token)
         except ValueError as err:  # the id is still in use by an earlier transfer: a router bug, fail this one
             logger.error("cannot expect the KV of %s: %s", cmd.request_id, err)
             self.report(TransferEnded(cmd.request_id, self.rank, "failed", reason=str(err)))

@@ -42,8 +42,9 @@ from engine.llm_engine import LLMEngine
 from engine.remote_kv import NoFreeBlocks, admit_remote_kv, count_uncached_tokens, fail_remote_kv, reserve_remote_kv
 from runtime.engine_bridge import decode_phases, sampling_params
 from wire.ranks import ExpectShard, TransferEnded
-from wire.requests import DecodeReservation, FirstToken, GenerateRequest, ReserveRefused, WorkerLoad
+from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, ReserveRefused, WorkerLoad
 from wire.push_pull import PullSocket, Pushers
+from wire.socket_security import holds_token, refuse, transfer_token
 from runtime.control_service import Call
 from runtime.load_board import LoadBoard, LoopSnapshot
 from runtime.request_table import RequestTable
@@ -113,10 +114,10 @@ class DecodeWorker(RequestTable):
             return call.answer(ReserveRefused(rid, str(err), retryable=True))
         except ValueError as err:
             return call.answer(ReserveRefused(rid, str(err), retryable=False))
-        blocks = res.transfer_block_ids
-        self.io.post(ExpectKV(rid, blocks))  # before any answer: the receiver expects it before anyone knows where
+        blocks, token = res.transfer_block_ids, transfer_token()
+        self.io.post(ExpectKV(rid, blocks, token))  # before any answer: expected before anyone knows where
         reservation = DecodeReservation(rid, False, self.receiver_address, self.inbox.address, blocks,
-                                        res.num_cached_blocks, self._kv_addresses(), self.tp_size)  # fmt: skip
+                                        res.num_cached_blocks, self._kv_addresses(), self.tp_size, token)  # fmt: skip
         record = DecodeRecord(rid, request.stream_address, len(prompt), Phase.AWAITING_KV, call, reservation,
                               request=self.engine.requests[rid])  # fmt: skip
         self.records[rid] = record
@@ -124,7 +125,7 @@ class DecodeWorker(RequestTable):
             return self._answer_reserve(record)
         record.phase, record.deadline = Phase.EXPECTING_SHARDS, time.monotonic() + self.config.rank_ack_timeout_s
         record.unacked, record.shards_missing = set(self.ranks.ranks), set(self.ranks.ranks)
-        self.ranks.tell(ExpectShard(rid, blocks))
+        self.ranks.tell(ExpectShard(rid, blocks, token))
 
     # ---- the loop (runtime.loop.LoopWorker) -------------------------------------
     def sockets(self) -> list:
@@ -132,12 +133,24 @@ class DecodeWorker(RequestTable):
 
     def read_sockets(self) -> None:
         for msg in self.inbox.poll(0):
+            if not self._from_its_prefill(msg):
+                continue
             if isinstance(msg, FirstToken):
                 self.on(msg.request_id, Event.FIRST_TOKEN, token=msg.token_id)
             else:  # PrefillFailed
                 self.on(msg.request_id, Event.KV_FAILED, f"prefill failed: {msg.reason}")
         super().read_sockets()  # the follower ranks' acks and transfer reports
         self._admit_ready()
+
+    def _from_its_prefill(self, msg: FirstToken | PrefillFailed) -> bool:
+        """Whether `msg` comes from the prefill worker its request went to: only it (and the router) learnt the
+        reservation's transfer token. Another member's is dropped and counted, the request untouched."""
+        record = self.records.get(msg.request_id)
+        token = record.reservation.transfer_token if record is not None and record.reservation is not None else ""
+        if not holds_token(token, msg.transfer_token):
+            refuse("inbox", "wrong_transfer_token", f"a {type(msg).__name__} of {msg.request_id}")
+            return False
+        return True
 
     def step(self) -> bool:
         outputs = self.engine_step()

@@ -32,7 +32,7 @@ Ownership:
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from kvtransfer.resharding import Piece
@@ -60,11 +60,13 @@ class PeerTarget:
     src_head_start: int = 0  # first head of the sender's shard to send
     dst_head_start: int = 0  # where it lands in the receiver's shard
     num_heads: int | None = None  # None: all of the sender's heads
+    transfer_token: str = field(default="", repr=False)  # the reservation's: every chunk and Abort carries it
 
     @classmethod
-    def from_piece(cls, piece: Piece, address: str, block_ids) -> "PeerTarget":
+    def from_piece(cls, piece: Piece, address: str, block_ids, transfer_token: str = "") -> "PeerTarget":
         """The target for one `resharding.Piece` of a prefill TP=a to decode TP=b plan."""
-        return cls(address, tuple(block_ids), piece.src_head_start, piece.dst_head_start, piece.num_heads)
+        return cls(address, tuple(block_ids), piece.src_head_start, piece.dst_head_start, piece.num_heads,
+                   transfer_token)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,9 @@ class KVReceiverBase(abc.ABC):
     address: str
 
     @abc.abstractmethod
-    def recv(self, request_id: str, block_ids) -> None:
-        """Expect the request's KV (every layer, all our heads) into these reserved block ids."""
+    def recv(self, request_id: str, block_ids, transfer_token: str = "") -> None:
+        """Expect the request's KV (every layer, all our heads) into these reserved block ids; with a
+        `transfer_token`, only chunks (and a sender's Abort) carrying it count."""
 
     @abc.abstractmethod
     def abort(self, request_id: str, reason: str = "aborted by receiver") -> None:

@@ -99,11 +99,12 @@ class KVReceiver(KVReceiverBase):
         self._pairs_made = 0
         self._next_heartbeat = 0.0
 
-    def recv(self, request_id: str, block_ids) -> None:
+    def recv(self, request_id: str, block_ids, transfer_token: str = "") -> None:
         if request_id in self._reservations:
             raise ValueError(f"request {request_id} already has a reservation")
         deadline = self.clock() + self.timeouts.transfer_s
-        self._reservations[request_id] = Reservation.create(block_ids, self.spec.num_layers, self.local_heads, deadline)
+        self._reservations[request_id] = Reservation.create(block_ids, self.spec.num_layers, self.local_heads,
+                                                            deadline, transfer_token)  # fmt: skip
 
     def abort(self, request_id: str, reason: str = "aborted by receiver") -> None:
         res = self._reservations.pop(request_id, None)
@@ -169,6 +170,9 @@ class KVReceiver(KVReceiverBase):
         if isinstance(msg, KVChunk):
             self._on_chunk(identity, sender, msg, parts[2:], events)
         elif isinstance(msg, Abort) and msg.request_id in self._reservations:
+            if not self._reservations[msg.request_id].admits(msg.transfer_token):
+                refuse("kv", "wrong_transfer_token", f"an Abort of {msg.request_id} from {sender.name}")
+                return
             del self._reservations[msg.request_id]
             events.append(TransferEvent(msg.request_id, "failed", sender.name, f"sender aborted: {msg.reason}"))
 
@@ -217,6 +221,9 @@ class KVReceiver(KVReceiverBase):
 
     def _on_chunk(self, identity, sender: _Sender, chunk: KVChunk, frames, events) -> None:
         res = self._reservations.get(chunk.request_id)
+        if res is not None and not res.admits(chunk.transfer_token):
+            self._refuse_unentitled(identity, sender, chunk, events)
+            return
         if res is not None:
             res.contributors.add(identity)  # from now on its silence fails the request
         try:
@@ -264,6 +271,14 @@ class KVReceiver(KVReceiverBase):
             self._count_transfer(res)
             self._tell(res.contributors, TransferDone(chunk.request_id))
             events.append(TransferEvent(chunk.request_id, "done", sender.name))
+
+    def _refuse_unentitled(self, identity: bytes, sender: _Sender, chunk: KVChunk, events) -> None:
+        """A chunk for a request it was not given (no or another transfer token): dropped, the request's
+        transfer untouched (a bad chunk of its own sender fails it; a stranger's must not)."""
+        self.stats.rejected_chunks += 1
+        refuse("kv", "wrong_transfer_token", f"a chunk of {chunk.request_id} from {sender.name}")
+        if sender.over_pair:  # its pair's byte stream now runs ahead of the headers we took
+            self._forget_sender(identity, f"sender {sender.name} sent a chunk it had no token for", events)
 
     def _reject(self, identity: bytes, sender: _Sender, chunk: KVChunk, error: Exception, events) -> None:
         self.stats.rejected_chunks += 1

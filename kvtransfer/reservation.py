@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wire.socket_security import holds_token
+
 
 @dataclass
 class Reservation:
@@ -23,12 +25,19 @@ class Reservation:
     contributors: set[bytes] = field(default_factory=set)  # ZMQ identities of senders filling it
     bytes_written: int = 0  # K and V bytes landed so far
     first_write_at: float | None = None  # receiver clock time of the first landed chunk
+    transfer_token: str = ""  # what its chunks and a sender's Abort must carry ("": anything, no cluster key)
 
     @classmethod
-    def create(cls, block_ids, num_layers: int, local_heads: int, deadline: float) -> "Reservation":
+    def create(cls, block_ids, num_layers: int, local_heads: int, deadline: float,
+               transfer_token: str = "") -> "Reservation":  # fmt: skip
         block_ids = tuple(int(b) for b in block_ids)
         covered = np.zeros((num_layers, len(block_ids), local_heads), dtype=bool)
-        return cls(block_ids, deadline, {b: i for i, b in enumerate(block_ids)}, covered)
+        return cls(block_ids, deadline, {b: i for i, b in enumerate(block_ids)}, covered,
+                   transfer_token=transfer_token)  # fmt: skip
+
+    def admits(self, transfer_token: str) -> bool:
+        """Whether a message carrying `transfer_token` may write into or end this reservation."""
+        return holds_token(self.transfer_token, transfer_token)
 
     def holds(self, start: int, length: int) -> bool:
         """Whether blocks [start, start + length) are all reserved here."""

@@ -109,8 +109,8 @@ class KVSender(KVSenderBase):
                 self._end(request_id, address, "failed", "receiver is not taking data")
 
     def abort(self, request_id: str, reason: str = "aborted by sender") -> None:
-        for address in list(self._transfers.get(request_id, {})):
-            self._tell(address, Abort(request_id, reason))
+        for address, transfer in list(self._transfers.get(request_id, {}).items()):
+            self._tell(address, Abort(request_id, reason, transfer.target.transfer_token))
             self._forget(request_id, address)
 
     def poll(self, timeout_ms: int = 0) -> list[TransferEvent]:
@@ -197,12 +197,14 @@ class KVSender(KVSenderBase):
             per_message = len(dst_runs) if gathered else self._runs_per_message(tensors)
             for first in range(0, len(dst_runs), per_message):
                 part = dst_runs[first : first + per_message]
-                chunk = KVChunk(request_id, layer, part, target.dst_head_start, num_heads, gathered)
+                chunk = KVChunk(request_id, layer, part, target.dst_head_start, num_heads, gathered,
+                                transfer_token=target.transfer_token)  # fmt: skip
                 frames = tensors[2 * first : 2 * (first + len(part))]  # gathered: the 2 frames, K and V
                 self._put_on_wire(link, chunk, [as_bytes(t) for t in frames])
         else:
             tag, link.next_tag = link.next_tag, link.next_tag + 1
-            chunk = KVChunk(request_id, layer, dst_runs, target.dst_head_start, num_heads, gathered, tag)
+            chunk = KVChunk(request_id, layer, dst_runs, target.dst_head_start, num_heads, gathered, tag,
+                            target.transfer_token)  # fmt: skip
             send_message(link.sock, chunk)
             link.in_flight.append(link.pair.send(tensors, tag))
 

@@ -36,5 +36,5 @@ def start_pieces(sender: KVSender, order: ShardOrder, num_kv_heads: int, src_tp:
     answer ends its transfer with a `failed` event later."""
     addresses, res = _addresses(order), order.reservation
     for piece in pieces_from(num_kv_heads, src_tp, src_rank, res.tp_size):
-        target = PeerTarget.from_piece(piece, addresses[piece.dst_rank], res.block_ids)
+        target = PeerTarget.from_piece(piece, addresses[piece.dst_rank], res.block_ids, res.transfer_token)
         sender.send(order.request_id, order.src_block_ids, target)

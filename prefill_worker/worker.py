@@ -204,7 +204,8 @@ class PrefillWorker(RequestTable):
         release_blocks(self.engine, record.request)
         del self.records[record.request_id]
         if tell_decode:
-            self.pushers.send(record.task.reservation.inbox_address, PrefillFailed(record.request_id, reason))
+            res = record.task.reservation
+            self.pushers.send(res.inbox_address, PrefillFailed(record.request_id, reason, res.transfer_token))
 
     def _order(self, record: PrefillRecord) -> ShardOrder:
         res = record.task.reservation
@@ -238,4 +239,5 @@ class PrefillWorker(RequestTable):
                            phases=prompt_phases(record.request))  # fmt: skip
         for piece in delta.in_pieces():  # a long prompt's logprobs take several frames
             self.pushers.send(record.task.request.stream_address, piece)
-        self.pushers.send(record.task.reservation.inbox_address, FirstToken(request_id, token))
+        res = record.task.reservation
+        self.pushers.send(res.inbox_address, FirstToken(request_id, token, res.transfer_token))

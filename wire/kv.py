@@ -19,6 +19,7 @@ requests they still hold.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import field
 
 from wire.codec import encode, message
 
@@ -89,6 +90,7 @@ class KVChunk:
     num_heads: int
     gathered: bool = False
     dist_tag: int = 0
+    transfer_token: str = field(default="", repr=False)  # the reservation's (DecodeReservation.transfer_token)
 
     def frame_blocks(self) -> list[int]:
         """Blocks in each frame that follows, in order (K, V, K, V, ...)."""
@@ -109,6 +111,7 @@ class Abort:
 
     request_id: str
     reason: str
+    transfer_token: str = field(default="", repr=False)  # a sender's Abort: the reservation's, as its chunks carry
 
 
 @message

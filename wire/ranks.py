@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from dataclasses import field
+
 from wire.codec import message
 from wire.requests import DecodeReservation
 
@@ -33,6 +35,7 @@ class ExpectShard:
 
     request_id: str
     block_ids: tuple[int, ...]
+    transfer_token: str = field(default="", repr=False)  # the reservation's: chunks without it are refused
 
 
 @message

@@ -80,6 +80,9 @@ class DecodeReservation:
     # each rank takes its own KV heads into the same block ids. Empty: one rank, at kv_address.
     kv_addresses: tuple[str, ...] = ()
     tp_size: int = 1
+    # With a cluster key: the secret a KV chunk or sender's Abort for this request must carry
+    # (wire.socket_security.transfer_token); only the router and the prefill worker it chose learn it.
+    transfer_token: str = dataclasses.field(default="", repr=False)
 
     def rank_addresses(self) -> tuple[str, ...]:
         """The decode ranks' KV addresses, rank order (one entry for a TP=1 decode worker)."""
@@ -103,12 +106,14 @@ class PrefillTask:
 class FirstToken:
     request_id: str
     token_id: int
+    transfer_token: str = dataclasses.field(default="", repr=False)  # the reservation's: decode takes no other
 
 
 @message
 class PrefillFailed:
     request_id: str
     reason: str
+    transfer_token: str = dataclasses.field(default="", repr=False)  # the reservation's: decode takes no other
 
 
 @message

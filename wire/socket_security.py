@@ -43,8 +43,14 @@ allowed to send what it takes, whatever else they hold:
 - the controller's membership ROUTER (`membership`): the router's key only
   (`ClusterSpec.router_key`): a `MembershipReport` says which workers are
   dead, and the controller kills them;
-- not yet per role: decode's KV receiver, decode's inbox and the TP rank
-  links admit any holder of the cluster key.
+- decode's KV receiver admits any member's connection, but takes a request's
+  chunks and a sender's Abort of it only with the request's transfer token
+  (`transfer_token()`), which decode gives the router in its reservation and
+  the router only the prefill worker it chose;
+- decode's inbox takes a request's `FirstToken` or `PrefillFailed` only with
+  the same token (what the prefill worker the router chose was given);
+- not yet per role: the TP rank links admit any holder of the cluster key
+  (each rank of a worker is its own process with its own sender key).
 
 The router's sender key is the serving process's own `sender_keypair()`: it
 presents it on every control and membership DEALER (`router.control_client`);
@@ -58,9 +64,11 @@ exports them to Prometheus as `tandem:internal_messages_refused_total`.
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import logging
 import os
+import secrets
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -137,6 +145,20 @@ def sender_public_key() -> str:
     return sender_keypair().public if process_key() is not None else ""
 
 
+def transfer_token() -> str:
+    """A new secret for one request's KV transfer (`DecodeReservation.transfer_token`), or "" without a
+    cluster key: the receiver takes a chunk or a sender's Abort for the request only with it. The decode
+    worker makes it when it reserves; it travels only over CURVE-encrypted sockets, to the router and on
+    to the prefill worker the router chose, so no other member can write into or abort that transfer."""
+    return secrets.token_hex(16) if process_key() is not None else ""
+
+
+def holds_token(expected: str, given: str) -> bool:
+    """Whether a message carrying `given` may act on a transfer whose token is `expected` ("": no cluster
+    key, no token, any message may), compared in constant time."""
+    return not expected or hmac.compare_digest(given, expected)
+
+
 def only(public_key: str, name: str) -> Callable[[str], str | None]:
     """A `senders` check admitting one key, `public_key`, as `name` ("" admits nobody)."""
     return lambda public: name if public_key and public == public_key else None
@@ -202,7 +224,8 @@ def refuse(kind: str, reason: str, detail: object = "") -> None:
 def refusals() -> dict[tuple[str, str], int]:
     """(socket kind, reason) -> how many this process refused: malformed, wrong_type (receive loops),
     unauthenticated, bad_handshake, dropped_connection (libzmq: an oversized frame, a protocol
-    error, or a peer that went away)."""
+    error, or a peer that went away), wrong_transfer_token (a KV chunk, a sender's Abort, a first
+    token or a prefill failure for a request the sender was not given)."""
     with _refused_lock:
         return dict(_refused)
 

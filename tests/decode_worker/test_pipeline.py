@@ -10,11 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from transformers import AutoTokenizer
 
+import decode_worker.worker
 from decode_worker.actor import decode_worker_maker
 from decode_worker.worker import DecodeWorkerConfig
 from engine import LLM, EngineArgs, SamplingParams
 from router.handoff import HandoffError, HandoffTimeouts
-from wire.push_pull import TokenStream
+from wire.push_pull import Pushers, TokenStream
+from wire.requests import FirstToken, PrefillFailed
+from wire.socket_security import refusals
 from prefill_worker.actor import prefill_worker_maker
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.hosting import HostedWorker
@@ -129,6 +132,30 @@ def test_aborts_reach_both_sides_and_free_everything(tiny_model_dirs):
         final = stream.requests[rid].final
         assert final.finish_reason == "abort" and "client" in final.error
     assert stream.requests["chatty"].final.num_output_tokens < 200
+
+
+def test_a_reservations_transfer_token_reaches_its_prefill_and_no_stranger_acts_on_it(tiny_model_dirs, monkeypatch):
+    # With a cluster key decode makes a random token per reservation; here, one known token stands in for it.
+    monkeypatch.setattr(decode_worker.worker, "transfer_token", lambda: "the-reservations")
+    model_dir = tiny_model_dirs["llama"]
+    with _workers(model_dir) as (decode, prefill, stream):
+        results, reservations = run_requests(stream, PROMPTS, lambda i: (decode, prefill))
+        # Chunks and first tokens carried it, or decode would have taken none of them.
+        assert all(r.transfer_token == "the-reservations" for r in reservations.values())
+        reply = decode.reserve(request("waiting", PROMPTS["long"], stream))  # KV expected; no prefill told
+        before, stranger = refusals(), Pushers()
+        stranger.send(reply.inbox_address, FirstToken("waiting", 7, "a-guess"))
+        stranger.send(reply.inbox_address, PrefillFailed("waiting", "forged"))
+        reason = ("inbox", "wrong_transfer_token")
+        wait_for(lambda: refusals().get(reason, 0) - before.get(reason, 0) == 2, "the stranger's messages refused",
+                 stream=stream)
+        assert decode.load().transferring == 1 and "waiting" not in stream.requests  # untouched, still waiting
+        abort_request("waiting", decode, prefill)
+        wait_for(lambda: stream.finished("waiting"), "the final delta", stream=stream)
+        stranger.close()
+    for rid, prompt in PROMPTS.items():
+        assert results[rid].token_ids == hf_greedy(model_dir, prompt, 8), rid
+    assert stream.requests["waiting"].final.finish_reason == "abort"
 
 
 class _Empty:

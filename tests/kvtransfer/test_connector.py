@@ -9,7 +9,8 @@ import zmq
 
 from kvtransfer import KVReceiver, KVSender, KVSpec, PeerTarget, TransferTimeouts
 from wire.codec import encode
-from wire.kv import PROTOCOL_VERSION, Hello, KVChunk, Refused, Welcome, compat_hash
+from wire.kv import PROTOCOL_VERSION, Abort, Hello, KVChunk, Refused, Welcome, compat_hash
+from wire.socket_security import refusals
 from kvtransfer.resharding import pieces_from, rank_heads, shard_heads
 from kvtransfer.zmq_transport import connect_dealer, decode_header, send_message
 from tests.kvtransfer.peers import poll_until_event, random_caches, same_bits, serving, zero_caches
@@ -154,6 +155,37 @@ def test_bad_chunks_are_rejected_and_counted_never_written(runs, gathered, frame
     assert (event.kind, receiver.stats.rejected_chunks) == ("failed", 1) and problem in event.reason
     assert all(not t.any() for kv in caches for t in kv)
     sock.close()
+
+
+def test_a_reservation_takes_chunks_and_an_abort_only_with_its_transfer_token():
+    caches = zero_caches(SPEC, 4)
+    receiver = KVReceiver(caches, SPEC, LOOPBACK)
+    receiver.recv("r", [0, 1], transfer_token="the-reservations")
+    before = refusals()
+    stranger = _raw_sender(receiver)  # a member that passes the handshake but was not given the request
+    for token in ("", "a-guess"):
+        chunk = KVChunk("r", 0, ((0, 2),), 0, 2, transfer_token=token)
+        stranger.send_multipart([encode(chunk), b"\x7f" * 512, b"\x7f" * 512])
+    stranger.send_multipart([encode(Abort("r", "forged"))])
+    refused = lambda: refusals().get(("kv", "wrong_transfer_token"), 0) - before.get(("kv", "wrong_transfer_token"), 0)
+    for _ in range(500):
+        if refused() == 3:
+            break
+        assert receiver.poll(10) == []  # neither written nor failed: the request's own transfer goes on
+    assert refused() == 3 and receiver.stats.rejected_chunks == 2
+    assert receiver.pending() == ["r"] and all(not t.any() for kv in caches for t in kv)
+
+    sender, source = KVSender(SPEC, "p0"), random_caches(SPEC, 4, seed=1)
+    with serving(receiver) as events:
+        sender.send("r", [2, 3], PeerTarget(receiver.address, (0, 1), transfer_token="the-reservations"))
+        for layer in range(SPEC.num_layers):
+            sender.send_layer("r", layer, *source[layer])
+        while not events:
+            sender.poll(10)
+    assert [(e.request_id, e.kind) for e in events] == [("r", "done")]
+    for layer in range(SPEC.num_layers):
+        assert all(same_bits(caches[layer][kv][0:2], source[layer][kv][2:4]) for kv in (0, 1))
+    stranger.close()
 
 
 def test_garbage_header_is_counted_and_ignored():
