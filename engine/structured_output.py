@@ -17,8 +17,9 @@ whitespace: a model that may emit whitespace anywhere can loop on it until max_t
 Ownership: the engine holds one `GrammarCompiler` (the tokenizer's vocabulary, and compiled grammars in a
 `CompiledGrammars` cache bounded by their bytes); each request's `SamplingState` owns its `GrammarState`.
 Compiling a grammar may take seconds (a schema of many optional properties): a serving worker compiles
-on a thread of its own (`runtime.grammar_compiles`) and hands the engine the compiled grammar, so its
-loop thread only ever looks the cache up; the offline `LLM` compiles when it adds the request.
+on a thread of its own, in a child process it can stop (`runtime.grammar_compiles`), and hands the engine
+the compiled grammar, so its loop thread only ever looks the cache up; the offline `LLM` compiles when it
+adds the request.
 
 The matcher follows the request's output tokens wherever they came from: before each mask it accepts the
 tokens it has not seen, so a request whose first token was sampled on a prefill worker, or that resumes on
@@ -143,16 +144,25 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self._stop_token_ids = list(stop_token_ids)
         self.cache = CompiledGrammars(cache_bytes)
-        self._xgr_compiler = None
-        self._lock = threading.Lock()  # the xgrammar compiler is built once, by whichever thread asks first
+        self._info = self._xgr_compiler = None
+        self._lock = threading.Lock()  # the vocabulary and compiler are built once, by whichever thread asks first
+
+    def tokenizer_info(self):
+        """xgrammar's view of the vocabulary (built once, by whichever thread asks first)."""
+        import xgrammar as xgr
+
+        with self._lock:
+            if self._info is None:
+                self._info = xgr.TokenizerInfo.from_huggingface(self._load_tokenizer(), vocab_size=self.vocab_size,
+                                                                stop_token_ids=self._stop_token_ids or None)  # fmt: skip
+            return self._info
 
     def _compiler(self):
         import xgrammar as xgr
 
+        info = self.tokenizer_info()
         with self._lock:
             if self._xgr_compiler is None:
-                info = xgr.TokenizerInfo.from_huggingface(self._load_tokenizer(), vocab_size=self.vocab_size,
-                                                          stop_token_ids=self._stop_token_ids or None)  # fmt: skip
                 # xgrammar's own cache is off: it has no bound by default, and `cache` is the one that counts.
                 self._xgr_compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._xgr_compiler

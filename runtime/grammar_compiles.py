@@ -4,8 +4,8 @@
     a request asks for a grammar:
       in the engine's cache -> taken at once
       not yet -> its record waits (COMPILING),
-                 `start` ─────────────────────────► engine.grammars.compiled(kind, spec)
-                                                     (xgrammar compiles in C++, the GIL released)
+                 `start` ─────────────────────────► the cache again, else the compile process
+                                                     (runtime.grammar_child: killed past its timeout)
     GrammarCompiled(request_id, grammar | error) ◄── deliver ──┘
       -> the record's GRAMMAR_COMPILED event: the request is taken with that grammar, or refused with the
          error (an invalid grammar: the same refusal as when it was compiled inline)
@@ -13,7 +13,10 @@
 Compiling may take seconds (JSON schemas of 800 to 1,000 optional properties took 1.6 to 8 s here); on
 the loop it would stop every other request's tokens, message and timer for that long, and no step
 would show it. One thread, so a worker never spends more than one core on compiles, and two requests with
-the same new grammar compile it once (the second finds it cached). The compiled grammar itself travels
+the same new grammar compile it once (the second finds it cached). The compile itself runs in a child
+process (`runtime.grammar_child`), stopped after `timeout_s` (`WorkerConfig.grammar_compile_timeout_s`):
+a grammar that takes longer is refused as its request's fault, and the compiles queued behind it wait at
+most that long for it. The compiled grammar itself travels
 with the message: the engine's cache may have let it go again by the time the loop takes the request.
 
 Ownership: the worker (`runtime.request_table.RequestTable`) owns this object and its thread, and closes
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.structured_output import GrammarCompiler
+from runtime.grammar_child import GrammarChild
 
 logger = logging.getLogger("tandem.worker")
 
@@ -43,10 +47,13 @@ class GrammarCompiled:
 
 
 class GrammarCompiles:
-    def __init__(self, grammars: GrammarCompiler, deliver: Callable[[object], None], name: str = "worker"):
-        """`grammars`: the engine's; `deliver`: posts a message to the worker's loop (from any thread)."""
+    def __init__(self, grammars: GrammarCompiler, deliver: Callable[[object], None], name: str = "worker",
+                 timeout_s: float = 30.0):  # fmt: skip
+        """`grammars`: the engine's; `deliver`: posts a message to the worker's loop (from any thread);
+        `timeout_s`: the most one compile may take."""
         self.grammars, self._deliver = grammars, deliver
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-grammars")
+        self._child = GrammarChild(grammars.tokenizer_info, timeout_s)
 
     def cached(self, structured: tuple[str, str] | None):
         """`structured` compiled, if the engine's cache has it (instant); None when it has not, or no grammar
@@ -55,8 +62,17 @@ class GrammarCompiles:
 
     def start(self, request_id: str, structured: tuple[str, str]) -> None:
         """Compile on the compile thread; `GrammarCompiled(request_id, ...)` comes back through `deliver`."""
-        future = self._pool.submit(self.grammars.compiled, *structured)
+        future = self._pool.submit(self._compiled, *structured)
         future.add_done_callback(lambda done: self._report(request_id, done))
+
+    def _compiled(self, kind: str, spec: str):
+        """On the compile thread: from the cache (an earlier request compiled it), else by the child, then kept."""
+        hit = self.grammars.cached((kind, spec))
+        if hit is not None:
+            return hit
+        compiled = self._child.compile(kind, spec)
+        self.grammars.cache.put((kind, spec), compiled)
+        return compiled
 
     def _report(self, request_id: str, done: Future) -> None:
         if done.cancelled():  # closed before it ran: the worker is gone
@@ -71,5 +87,7 @@ class GrammarCompiles:
             pass
 
     def close(self) -> None:
-        """Drop the compiles not yet started; one under way ends on its own, its answer unread."""
+        """Drop the compiles not yet started and kill the child: a compile under way fails at once, its answer
+        unread (from this thread while the compile thread may wait on the child: killing it is what ends that)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._child.close()

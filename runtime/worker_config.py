@@ -30,6 +30,9 @@ class WorkerConfig:
     # The router's sender key, public half: with a cluster key, the control socket admits only it
     # (wire.socket_security), so no other member can reserve, free or redirect this worker's pushes.
     router_key: str = ""
+    # The most one structured-output grammar may take to compile (runtime.grammar_child); longer: the request
+    # is refused (400) as an invalid grammar would be. The largest ordinary schemas measured here took 8 s.
+    grammar_compile_timeout_s: float = 30.0
     # Rank r runs on core_sets[r] only (runtime.cpu_pinning; cluster.core_map hands them out); (): unpinned.
     core_sets: tuple[tuple[int, ...], ...] = ()
 

@@ -243,3 +243,15 @@ def test_a_slow_grammar_compiles_off_the_loops_while_other_requests_stream(tiny_
     text = AutoTokenizer.from_pretrained(model_dir).decode(stream.requests["slow"].token_ids)
     assert text.startswith("{")  # under the schema (the random model's greedy text is no JSON)
     assert again["again"].token_ids == stream.requests["slow"].token_ids
+
+
+def test_a_grammar_past_the_compile_timeout_is_refused_and_the_worker_compiles_the_next(tiny_model_dirs):
+    model_dir = tiny_model_dirs["llama"]
+    slow = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, structured=("json", SLOW_SCHEMA))
+    choice = SamplingParams(temperature=0, max_tokens=8, structured=("choice", '["yes", "no"]'))
+    with _workers(model_dir, DecodeWorkerConfig(grammar_compile_timeout_s=0.2)) as (decode, prefill, stream):
+        with pytest.raises(HandoffError, match="did not compile within 0.2 s"):
+            start_request(request("slow", PROMPTS["mid"], stream, slow), decode, prefill)
+        results, _ = run_requests(stream, {"choice": PROMPTS["mid"]}, lambda i: (decode, prefill), choice)
+    text = AutoTokenizer.from_pretrained(model_dir).decode(results["choice"].token_ids)
+    assert text in ("yes", "no")
