@@ -4,8 +4,9 @@
     a request asks for a grammar:
       in the engine's cache -> taken at once
       not yet -> its record waits (COMPILING),
-                 `start` ─────────────────────────► the cache again, else the compile process
-                                                     (runtime.grammar_child: killed past its timeout)
+                 `start` ─────────────────────────► the cache again, else: compiled in the child
+                                                     process (runtime.grammar_child: killed past its
+                                                     timeout), then here (engine.grammars.compiled)
     GrammarCompiled(request_id, grammar | error) ◄── deliver ──┘
       -> the record's GRAMMAR_COMPILED event: the request is taken with that grammar, or refused with the
          error (an invalid grammar: the same refusal as when it was compiled inline)
@@ -14,9 +15,9 @@ Compiling may take seconds (JSON schemas of 800 to 1,000 optional properties too
 the loop it would stop every other request's tokens, message and timer for that long, and no step
 would show it. One thread, so a worker never spends more than one core on compiles, and two requests with
 the same new grammar compile it once (the second finds it cached). The compile itself runs in a child
-process (`runtime.grammar_child`), stopped after `timeout_s` (`WorkerConfig.grammar_compile_timeout_s`):
+process first (`runtime.grammar_child`), stopped after `timeout_s` (`WorkerConfig.grammar_compile_timeout_s`):
 a grammar that takes longer is refused as its request's fault, and the compiles queued behind it wait at
-most that long for it. The compiled grammar itself travels
+most about twice that long for it (it compiles again here once it compiled there). The compiled grammar itself travels
 with the message: the engine's cache may have let it go again by the time the loop takes the request.
 
 Ownership: the worker (`runtime.request_table.RequestTable`) owns this object and its thread, and closes
@@ -66,13 +67,13 @@ class GrammarCompiles:
         future.add_done_callback(lambda done: self._report(request_id, done))
 
     def _compiled(self, kind: str, spec: str):
-        """On the compile thread: from the cache (an earlier request compiled it), else by the child, then kept."""
+        """On the compile thread: from the cache (an earlier request compiled it), else compiled in the child
+        within the timeout first, then here (and cached)."""
         hit = self.grammars.cached((kind, spec))
         if hit is not None:
             return hit
-        compiled = self._child.compile(kind, spec)
-        self.grammars.cache.put((kind, spec), compiled)
-        return compiled
+        self._child.check(kind, spec)
+        return self.grammars.compiled(kind, spec)
 
     def _report(self, request_id: str, done: Future) -> None:
         if done.cancelled():  # closed before it ran: the worker is gone
