@@ -52,15 +52,15 @@ def send_hostile(address: str, key: ClusterKey, oversized_bytes: int, sock_type:
     member.setsockopt(zmq.LINGER, 0)
     connect_secured(member, address, key=key, sender=insider)
     clients.append(member)
-    _send(member, NOT_MSGPACK)
-    _send(member, WRONG_TYPE)
+    send_unless_refused(member, NOT_MSGPACK)
+    send_unless_refused(member, WRONG_TYPE)
     oversized = ctx.socket(sock_type)  # its own connection: the receiver drops it, not the insider's
     oversized.setsockopt(zmq.LINGER, 0)
     connect_secured(oversized, address, key=key, sender=insider)
     clients.append(oversized)
-    _send(oversized, b"\x00" * oversized_bytes)
-    _send(client(ClusterKey.generate()), WRONG_TYPE)  # CURVE, but not the cluster's key
-    _send(client(None), WRONG_TYPE)  # no CURVE at all
+    send_unless_refused(oversized, b"\x00" * oversized_bytes)
+    send_unless_refused(client(ClusterKey.generate()), WRONG_TYPE)  # CURVE, but not the cluster's key
+    send_unless_refused(client(None), WRONG_TYPE)  # no CURVE at all
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
     raw = socket.create_connection((host, int(port)))
     raw.sendall(os.urandom(4096))
@@ -71,7 +71,7 @@ def send_hostile(address: str, key: ClusterKey, oversized_bytes: int, sock_type:
 _SEND_TIMEOUT_MS = 2000
 
 
-def _send(sock: zmq.Socket, data: bytes) -> None:
+def send_unless_refused(sock: zmq.Socket, data: bytes) -> None:
     """Send `data`, unless the receiver refused this client's handshake first: libzmq then tears down the
     client's pipe and a send would block for ever (a race with the handshake, not a failure to refuse)."""
     sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)

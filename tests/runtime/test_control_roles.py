@@ -12,7 +12,7 @@ import zmq
 
 from router.control_client import ControlClient
 from runtime.worker_config import WorkerConfig
-from tests.kvtransfer.hostile import close_all, wait_refused
+from tests.kvtransfer.hostile import close_all, send_unless_refused, wait_refused
 from tests.runtime.echo import EchoWorker, Server
 from wire.codec import encode
 from wire.control import ControlCall
@@ -38,7 +38,7 @@ def _member_calls(address: str, sender: ClusterKey | None, method: str, arg) -> 
     """A DEALER holding the cluster key (presenting `sender`'s key instead when given) that sends one call."""
     sock = control_socket(zmq.Context.instance(), zmq.DEALER)
     connect_secured(sock, address, key=KEY, sender=sender)
-    sock.send(encode(ControlCall(1, method, arg)))
+    send_unless_refused(sock, encode(ControlCall(1, method, arg)))
     return sock
 
 
