@@ -85,20 +85,23 @@ def _round(server: tuple[str, str], probes: BesideProbes, vocab_size: int, seed:
         ids = prompt(probes.stream_prompt, -1, vocab_size)
         streamed.append(one(server, ids, probes.stream_output, first_token=started, stop=done))
 
+    def each_probe(first_seed: int) -> list[Outcome]:  # new prompts: none is in any worker's prefix cache
+        return [one(server, prompt(n, first_seed + i, vocab_size), 2) for i, n in enumerate(probes.probes)]
+
     thread = threading.Thread(target=stream, daemon=True)
     thread.start()
     try:
         if not started.wait(120):
             raise RuntimeError("serving calibration: the background stream sent no token in 120 s")
         time.sleep(probes.quiet_s)
-        beside = [one(server, prompt(n, seed + i, vocab_size), 2) for i, n in enumerate(probes.probes)]
+        beside = each_probe(seed)
     finally:
         done.set()
         thread.join(60)
     if not streamed:
         raise RuntimeError("serving calibration: the background stream did not end when asked")
     time.sleep(probes.close_s)
-    quiet = [one(server, prompt(n, seed + len(probes.probes) + i, vocab_size), 2) for i, n in enumerate(probes.probes)]
+    quiet = each_probe(seed + len(probes.probes))
     return BesideRound(streamed[0], beside, quiet, probes.quiet_s)
 
 

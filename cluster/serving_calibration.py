@@ -65,8 +65,8 @@ def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: C
     return _fitted(profile, replicas, idle, requests, loaded, beside)
 
 
-def _colocated_phases(profile: Profile, model: str | None, replicas: int,
-                      on_progress: Callable[[str], None]) -> tuple[list[Outcome], list[SimRequest], list[Outcome]]:  # fmt: skip
+def _colocated_phases(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None],
+                      ) -> tuple[list[Outcome], list[SimRequest], list[Outcome]]:  # fmt: skip
     """The idle and loaded phases on `replicas` colocated workers: (idle outcomes, the load, its outcomes)."""
     from cluster.deployment import Deployment
     from cluster.spec import parse_spec
@@ -78,14 +78,18 @@ def _colocated_phases(profile: Profile, model: str | None, replicas: int,
     try:
         deployment.start()
         server = (f"{deployment.url}/v1/completions", deployment.config.model_name)
+
+        def one_at_a_time(seeds: range) -> list[Outcome]:
+            return [one(server, prompt(IDLE_PROMPT, i, profile.model.vocab_size), IDLE_OUTPUT) for i in seeds]
+
         on_progress("serving calibration: one request at a time")
         half = IDLE_REQUESTS // 2  # half of them before the load, half after: the VM drifts within minutes
-        idle = [one(server, prompt(IDLE_PROMPT, i, profile.model.vocab_size), IDLE_OUTPUT) for i in range(half)]
+        idle = one_at_a_time(range(half))
         requests = _load(profile, replicas)
         on_progress(f"serving calibration: {len(requests)} requests at {len(requests) / requests[-1].arrival_s:.2f}/s")
         loaded = drive(server, requests)
         on_progress("serving calibration: one request at a time, again")
-        idle += [one(server, prompt(IDLE_PROMPT, i, profile.model.vocab_size), IDLE_OUTPUT) for i in range(half, IDLE_REQUESTS)]
+        idle += one_at_a_time(range(half, IDLE_REQUESTS))
     finally:
         deployment.stop()
     return idle, requests, loaded

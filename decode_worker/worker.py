@@ -152,7 +152,7 @@ class DecodeWorker(RequestTable):
             return False
         return True
 
-    def step(self) -> bool:
+    def step(self) -> bool | None:
         outputs = self.engine_step()
         if outputs is None:
             return self.failed_step()

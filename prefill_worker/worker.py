@@ -110,7 +110,7 @@ class PrefillWorker(RequestTable):
             self.io.post(SendLayer(self._sending_now, layer))
 
     # ---- the loop (runtime.loop.LoopWorker; sockets: runtime.request_table's) ---------
-    def step(self) -> bool:
+    def step(self) -> bool | None:
         try:
             outputs = self.engine_step()
         finally:
