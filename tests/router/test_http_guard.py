@@ -191,11 +191,13 @@ def small_buffer_router(tiny_model_dirs):
     server.stop()
 
 
-def _start_upload(router, body: bytes) -> socket.socket:
-    """A client that declares its whole body and sends only its first half (a slow upload)."""
+def _start_upload(router, body: bytes, pause_s: float = 0.0) -> socket.socket:
+    """A client that declares its whole body and sends only its first half (a slow upload), `pause_s` after
+    its headers."""
     conn = socket.create_connection((router.host, router.port))
     conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+    time.sleep(pause_s)
     conn.sendall(body[: len(body) // 2])
     return conn
 
@@ -217,8 +219,9 @@ def test_bodies_buffered_at_once_are_bounded_and_released_when_done_or_abandoned
     body = _upload_body()
     first = _start_upload(small_buffer_router, body)
     time.sleep(0.3)  # the router has taken the first body's bytes
-    second = _reply(_start_upload(small_buffer_router, body))
-    assert second.startswith(b"HTTP/1.1 503") and b"server_busy" in second and b"retry-after: 1" in second.lower()
+    for pause_s in (0.0, 0.1):  # its bytes arrive with its headers, or just after the refusal was decided
+        second = _reply(_start_upload(small_buffer_router, body, pause_s))  # read, not reset
+        assert second.startswith(b"HTTP/1.1 503") and b"server_busy" in second and b"retry-after: 1" in second.lower()
     first.sendall(body[len(body) // 2 :])
     done = _reply(first)
     assert done.startswith(b"HTTP/1.1 400") and b"maximum context length" in done, done[:300]  # the app read it
