@@ -55,6 +55,8 @@ _FLAG_FIELDS = {
     "num_decode": "decode.replicas",
     "kv_transfer_failure": "kv_transfer_failure",
     "cpu_pinning": "cpu_pinning",
+    "grammar_compile_timeout_s": "grammars.compile_timeout_s",
+    "max_grammar_compiles_waiting": "grammars.max_compiles_waiting",
 }
 _BOTH_POOLS = {"dtype": "dtype", "tensor_parallel_size": "tensor_parallel_size", "torch_threads": "torch_threads"}
 
@@ -77,6 +79,10 @@ def _serve_parser(sub) -> None:
                         "finishes, for at most this long; then everything stops (default 30; a second signal: now)")
     p.add_argument("--tool-call-parser", choices=sorted(PARSERS),
                    help="how tool_choice auto reads tool calls in the model's output (default: auto is refused)")
+    p.add_argument("--grammar-compile-timeout-s", type=float,
+                   help="a structured-output grammar that takes longer to compile is refused with 400 (default 30)")
+    p.add_argument("--max-grammar-compiles-waiting", type=int,
+                   help="grammars compiling or queued per worker; past it a new grammar gets 503 (default 16)")
 
 
 def add_spec_flags(p) -> None:

@@ -189,6 +189,14 @@ class AutoscaleSpec(_Strict):
         return self.prefill if role == "prefill" else self.decode
 
 
+class GrammarSpec(_Strict):
+    """Structured-output grammars (guided_json, guided_regex, response_format ...), compiled on each worker
+    (runtime.grammar_compiles)."""
+
+    compile_timeout_s: float = Field(30.0, gt=0)  # longer: the request is refused (400) as an invalid grammar
+    max_compiles_waiting: int = Field(16, ge=1)  # more at once: a request with a new grammar gets 503
+
+
 class ClusterSpec(_Strict):
     model: str | None = None
     # Where the KV, inbox and token-stream sockets bind: loopback (one machine) or each node's
@@ -205,6 +213,7 @@ class ClusterSpec(_Strict):
     decode: PoolSpec = PoolSpec()
     health: HealthSpec = HealthSpec()
     autoscale: AutoscaleSpec = AutoscaleSpec()
+    grammars: GrammarSpec = GrammarSpec()
     # The CURVE key every internal socket authenticates with ("<public>:<secret>", Z85); "": the
     # deployment generates one per cluster (wire.socket_security).
     cluster_key: str = Field("", repr=False)

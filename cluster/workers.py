@@ -185,15 +185,22 @@ def worker_config(spec: ClusterSpec, role: str, name: str) -> PrefillWorkerConfi
     """What the worker `name` of `role`'s pool is configured with, the cluster key included."""
     if role == "prefill":
         return PrefillWorkerConfig(name, host=bind_host(spec), cluster_key=spec.cluster_key,
-                                   router_key=spec.router_key)  # fmt: skip
+                                   router_key=spec.router_key, **grammar_limits(spec))  # fmt: skip
     return decode_config(spec, name)
+
+
+def grammar_limits(spec: ClusterSpec) -> dict:
+    """The worker config's grammar compile bounds, from the spec's `grammars`."""
+    return dict(grammar_compile_timeout_s=spec.grammars.compile_timeout_s,
+                max_grammar_compiles_waiting=spec.grammars.max_compiles_waiting)
 
 
 def decode_config(spec: ClusterSpec, name: str) -> DecodeWorkerConfig:
     """With no prefill pool (colocated mode; the router sends no prefill worker) every prompt is prefilled here."""
     return DecodeWorkerConfig(name, host=bind_host(spec), kv_transfer_failure=spec.kv_transfer_failure,
                               local_prefill_threshold=COLOCATED_THRESHOLD if spec.prefill.replicas == 0 else 0,
-                              cluster_key=spec.cluster_key, router_key=spec.router_key)  # fmt: skip
+                              cluster_key=spec.cluster_key, router_key=spec.router_key,
+                              **grammar_limits(spec))  # fmt: skip
 
 
 def bind_host(spec: ClusterSpec) -> str:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from decode_worker.kv_receiving import ExpectKV, KVReceiving
 from engine.parallel.follower import TPFollower
-from wire.codec import encode
 from runtime.engine_bridge import kv_spec_for
-from wire.ranks import DropShard, ExpectShard, RankEndpoint
+from wire.ranks import DropShard, ExpectShard
 from runtime.rank_links import RankControl
 from kvtransfer.receiver import KVReceiver
 from runtime.follower import FollowerRole
@@ -28,7 +27,7 @@ class DecodeFollower(FollowerRole):
         c, p = self.config, follower.config.parallel
         receiver = KVReceiver(follower.runner.kv_caches, kv_spec_for(follower.config), c.bind_address, p.tp_size,
                               p.rank, timeouts=c.timeouts)  # fmt: skip
-        self.control = RankControlService(RankControl(p.rank, c.bind_address), io, {
+        self.control = RankControlService(RankControl(p.rank, c.bind_address, self.leader_key), io, {
             ExpectShard: lambda msg: self.kv.expect(ExpectKV(msg.request_id, msg.block_ids, msg.transfer_token)),
             DropShard: lambda msg: receiver.abort(msg.request_id, msg.reason),  # a no-op once it ended
         })  # fmt: skip
@@ -36,4 +35,4 @@ class DecodeFollower(FollowerRole):
         return [self.control, self.kv]
 
     def endpoint(self) -> bytes:
-        return encode(RankEndpoint(self.kv.rank, self.control.control.address, self.kv.receiver.address))
+        return self.rank_endpoint(self.kv.receiver.address)

@@ -16,9 +16,9 @@ after the commands the forward thread queued before rank 0 sent it
 from __future__ import annotations
 
 from engine.parallel.follower import TPFollower
-from wire.codec import decode, encode
+from wire.codec import decode
 from runtime.engine_bridge import kv_spec_for
-from wire.ranks import DropShard, RankEndpoint, ShardOrders
+from wire.ranks import DropShard, ShardOrders
 from runtime.rank_links import RankControl
 from kvtransfer.sender import KVSender
 from prefill_worker.kv_sending import KVSending, SendLayer, StartSend
@@ -49,7 +49,7 @@ class PrefillFollower(FollowerRole):
     def services(self, follower: TPFollower, io: IOThread) -> list:
         c, p, heads = self.config, follower.config.parallel, follower.config.model.num_kv_heads
         sender = KVSender(kv_spec_for(follower.config), c.name, p.tp_size, p.rank, timeouts=c.timeouts)
-        self.control = RankControlService(RankControl(p.rank, c.bind_address), io, {
+        self.control = RankControlService(RankControl(p.rank, c.bind_address, self.leader_key), io, {
             DropShard: lambda msg: sender.abort(msg.request_id, msg.reason),  # after the commands queued before it
         })  # fmt: skip
         self.kv = KVSending(sender, follower.runner.kv_caches, heads, self.control.report)
@@ -59,4 +59,4 @@ class PrefillFollower(FollowerRole):
         return _ForwardConnector(io)
 
     def endpoint(self) -> bytes:
-        return encode(RankEndpoint(self.kv.rank, self.control.control.address))
+        return self.rank_endpoint()

@@ -40,6 +40,7 @@ from zmq.utils.monitor import parse_monitor_message
 from wire.codec import DecodeError, decode, encode
 from wire.control_sockets import MAX_CONTROL_MESSAGE_BYTES, control_socket
 from wire.control import CallPayload, ControlCall, ControlReply, ReplyPayload
+from router.handoff import HandoffError
 from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, ReserveRefused, WorkerLoad
 from wire.socket_security import ClusterKey, connect_secured, open_monitor, sender_keypair
 
@@ -245,7 +246,10 @@ class ControlEndpoint:
         return self._expect(await self.client.call("reserve", request), (DecodeReservation, ReserveRefused))
 
     async def prefill(self, task: PrefillTask) -> None:
-        await self.client.call("prefill", task)
+        """Returns once the worker queued it; `HandoffError` (retryable: 503) when it refused it as busy."""
+        refused = self._expect(await self.client.call("prefill", task), (ReserveRefused, type(None)))
+        if refused is not None:
+            raise HandoffError(f"prefill refused request {refused.request_id}: {refused.reason}", retryable=True)
 
     async def abort(self, request_id: str) -> None:
         """Raises like any call; when the connection is down (`WorkerGone`) the abort is also kept and sent

@@ -97,8 +97,8 @@ async def _reserve(request: GenerateRequest, decode_worker: DecodeEndpoint, time
         reply = await decode_worker.reserve(request)
         if isinstance(reply, DecodeReservation):
             return reply
-        if not reply.retryable:
-            raise HandoffError(f"decode refused request {request.request_id}: {reply.reason}")
+        if not reply.retryable or reply.busy:  # busy: no retry within the wait would find room
+            raise HandoffError(f"decode refused request {request.request_id}: {reply.reason}", retryable=reply.busy)
         if time.monotonic() >= deadline:
             raise HandoffError(f"no decode room for request {request.request_id} within {timeouts.reserve_wait_s}s: "
                                f"{reply.reason}", retryable=True)  # fmt: skip

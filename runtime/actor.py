@@ -96,14 +96,15 @@ class WorkerActor:
 
         return free_init_addr()
 
-    def start(self, init_addr: str) -> bytes | None:
+    def start(self, init_addr: str, leader_key: str = "") -> bytes | None:
         """Join the group at `init_addr` (blocks until every rank has): rank 0 builds the worker, a
-        follower its forward loop and I/O thread and answers its endpoint for rank 0."""
+        follower its forward loop and I/O thread (its rank link admitting only `leader_key`, rank 0's
+        `sender_key()`) and answers its endpoint for rank 0."""
         args = dataclasses.replace(self.engine_args, tensor_parallel_rank=self.rank or 0, dist_init_addr=init_addr)
         if not self.rank:
             self._host(args)
             return None
-        role = self.follower_role(self.config)
+        role = self.follower_role(self.config, leader_key)
         self.follower = FollowerHost(args.create_engine_config(), role, self.name)
         return role.endpoint()
 

@@ -8,7 +8,7 @@ the role's connector, if any, is the forward thread's way to reach them.
 `endpoint()` is the bytes rank 0 needs to reach this rank.
 
 A follower rank's Ray actor is its role's one actor class (`runtime.actor`),
-whose `start(init_addr)` builds a `FollowerHost` (joining the group blocks
+whose `start(init_addr, leader_key)` builds a `FollowerHost` (joining the group blocks
 until every rank joined, so the caller starts all ranks at once).
 """
 
@@ -20,6 +20,9 @@ import threading
 from engine.config import EngineConfig
 from engine.parallel.follower import TPFollower
 from runtime.io_thread import IOThread
+from wire.codec import encode
+from wire.ranks import RankEndpoint
+from wire.socket_security import sender_public_key
 
 logger = logging.getLogger("tandem.runtime")
 
@@ -29,8 +32,9 @@ class FollowerRole:
     link's service (`control`, a `runtime.rank_control_service.RankControlService`) and the role's KV service
     (`kv`, a `runtime.transfer_service.TransferService`)."""
 
-    def __init__(self, config):
+    def __init__(self, config, leader_key: str = ""):
         self.config = config  # the role's worker config: name, addresses and timeouts
+        self.leader_key = leader_key  # rank 0's sender key: the only one its rank link admits (with a cluster key)
         self.control = self.kv = None  # built by `services`
 
     def services(self, follower: TPFollower, io: IOThread) -> list:
@@ -44,6 +48,10 @@ class FollowerRole:
     def endpoint(self) -> bytes:
         """How rank 0 reaches this rank (an encoded `RankEndpoint`), once the services exist."""
         raise NotImplementedError
+
+    def rank_endpoint(self, kv_address: str = "") -> bytes:
+        """`endpoint()`'s answer: this rank's control socket, `kv_address`, and the key its acks come with."""
+        return encode(RankEndpoint(self.kv.rank, self.control.control.address, kv_address, sender_public_key()))
 
     def is_idle(self) -> bool:
         """Nothing in flight (read after the forward loop ended)."""

@@ -17,8 +17,11 @@ would show it. One thread, so a worker never spends more than one core on compil
 the same new grammar compile it once (the second finds it cached). The compile itself runs in a child
 process first (`runtime.grammar_child`), stopped after `timeout_s` (`WorkerConfig.grammar_compile_timeout_s`):
 a grammar that takes longer is refused as its request's fault, and the compiles queued behind it wait at
-most about twice that long for it (it compiles again here once it compiled there). The compiled grammar itself travels
-with the message: the engine's cache may have let it go again by the time the loop takes the request.
+most about twice that long for it (it compiles again here once it compiled there). At most `max_waiting`
+compiles wait or run at once (`WorkerConfig.max_grammar_compiles_waiting`): past it `start` refuses at once
+(`CompilesFull`), and the worker refuses the request as busy (503 with Retry-After): without a bound, a
+client sending slow grammars could queue hours of compiles ahead of everyone's. The compiled grammar itself
+travels with the message: the engine's cache may have let it go again by the time the loop takes the request.
 
 Ownership: the worker (`runtime.request_table.RequestTable`) owns this object and its thread, and closes
 it; each waiting request's state is its record's (the role's COMPILING phase), never kept here.
@@ -27,6 +30,7 @@ it; each waiting request's state is its record's (the role's COMPILING phase), n
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -35,6 +39,10 @@ from engine.structured_output import GrammarCompiler
 from runtime.grammar_child import GrammarChild
 
 logger = logging.getLogger("tandem.worker")
+
+
+class CompilesFull(RuntimeError):
+    """`max_waiting` compiles wait or run already: this one is not queued (the client may retry shortly)."""
 
 
 @dataclass(frozen=True)
@@ -49,12 +57,16 @@ class GrammarCompiled:
 
 class GrammarCompiles:
     def __init__(self, grammars: GrammarCompiler, deliver: Callable[[object], None], name: str = "worker",
-                 timeout_s: float = 30.0):  # fmt: skip
+                 timeout_s: float = 30.0, max_waiting: int = 16):  # fmt: skip
         """`grammars`: the engine's; `deliver`: posts a message to the worker's loop (from any thread);
-        `timeout_s`: the most one compile may take."""
-        self.grammars, self._deliver = grammars, deliver
+        `timeout_s`: the most one compile may take; `max_waiting`: the most compiles queued or running."""
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
+        self.grammars, self._deliver, self.max_waiting = grammars, deliver, max_waiting
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-grammars")
         self._child = GrammarChild(grammars.tokenizer_info, timeout_s)
+        self._waiting = 0  # started, not yet reported; counted on the loop thread, given back from the compile one
+        self._lock = threading.Lock()
 
     def cached(self, structured: tuple[str, str] | None):
         """`structured` compiled, if the engine's cache has it (instant); None when it has not, or no grammar
@@ -62,7 +74,13 @@ class GrammarCompiles:
         return self.grammars.cached(structured) if structured is not None else None
 
     def start(self, request_id: str, structured: tuple[str, str]) -> None:
-        """Compile on the compile thread; `GrammarCompiled(request_id, ...)` comes back through `deliver`."""
+        """Compile on the compile thread; `GrammarCompiled(request_id, ...)` comes back through `deliver`.
+        `CompilesFull` (nothing started, nothing will come back) when `max_waiting` compiles wait already."""
+        with self._lock:
+            if self._waiting >= self.max_waiting:
+                raise CompilesFull(f"{self._waiting} structured-output grammars are compiling or waiting to compile on "
+                                   "this worker; retry shortly")  # fmt: skip
+            self._waiting += 1
         future = self._pool.submit(self._compiled, *structured)
         future.add_done_callback(lambda done: self._report(request_id, done))
 
@@ -76,6 +94,8 @@ class GrammarCompiles:
         return self.grammars.compiled(kind, spec)
 
     def _report(self, request_id: str, done: Future) -> None:
+        with self._lock:
+            self._waiting -= 1
         if done.cancelled():  # closed before it ran: the worker is gone
             return
         error = done.exception()

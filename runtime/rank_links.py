@@ -13,6 +13,11 @@ PUSH/PULL messages (msgpack, never pickle). Rank 0 keeps track of the acks
 no chunk can arrive before its reservation; once it acked `DropShard`, no
 write into (or read of) the blocks is in flight there. Neither side is
 thread-safe: one thread drives each.
+
+With a cluster key, each side sends with its process's own key and admits only the other's: a
+follower only rank 0's (given to it at start-up, `leader_key`), rank 0 only its followers' (their
+`RankEndpoint.sender_key`). Another member holding the cluster key cannot reserve a shard's blocks
+for its own writes, drop a transfer, or forge a follower's ack.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 
 from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ReportTo, TransferEnded
 from wire.push_pull import PullSocket, Pushers
+from wire.socket_security import process_key
 
 logger = logging.getLogger("tandem.runtime")
 
@@ -33,14 +39,24 @@ class RankTimeout(RuntimeError):
 
 
 class _Link:
-    """Either side's sockets: the PULL it reads (`socket`, for its thread's poller) and the PUSHes it sends on."""
+    """Either side's sockets: the PULL it reads (`socket`, for its thread's poller), admitting only the
+    `peers` keys (with a cluster key), and the PUSHes it sends on, with this process's own key."""
 
-    def __init__(self, kinds: tuple, address: str):
-        self._pull, self._pushers = PullSocket(kinds, address, kind="rank_link"), Pushers()
+    def __init__(self, kinds: tuple, address: str, kind: str, peers: set[str]):
+        if process_key() is not None and not all(peers):
+            raise ValueError(f"a {kind} socket with a cluster key needs the other side's sender key")
+        admitted = (lambda public: kind if public in peers else None) if process_key() is not None else None
+        self._pull = PullSocket(kinds, address, kind=kind, senders=admitted)
+        self._pushers = Pushers(signed=True)
 
     @property
     def socket(self):
         return self._pull.socket
+
+    @property
+    def address(self) -> str:
+        """Where its PULL listens (rank 0's: where its followers report)."""
+        return self._pull.address
 
     def close(self) -> None:
         self._pull.close()
@@ -55,7 +71,7 @@ class RankLinks(_Link):
     `TransferEnded` reports from `read()` when `socket` is readable."""
 
     def __init__(self, endpoints: list[RankEndpoint], ack_timeout_s: float = 10.0, address: str = "tcp://127.0.0.1:0"):
-        super().__init__((RankAck, TransferEnded), address)
+        super().__init__((RankAck, TransferEnded), address, "rank_report", {e.sender_key for e in endpoints})
         self.endpoints = {e.rank: e for e in endpoints}
         self.ack_timeout_s = ack_timeout_s
         self._connect()
@@ -88,11 +104,12 @@ class RankLinks(_Link):
 
 
 class RankControl(_Link):
-    """A follower's side, on its I/O thread: read rank 0's control messages, push acks and reports."""
+    """A follower's side, on its I/O thread: read rank 0's control messages (only from `leader_key`, rank 0's
+    sender key, with a cluster key), push acks and reports."""
 
-    def __init__(self, rank: int, address: str = "tcp://127.0.0.1:0"):
-        super().__init__(CONTROL_MESSAGES, address)
-        self.rank, self.address = rank, self._pull.address
+    def __init__(self, rank: int, address: str = "tcp://127.0.0.1:0", leader_key: str = ""):
+        super().__init__(CONTROL_MESSAGES, address, "rank_link", {leader_key})
+        self.rank = rank
         self._report_to = ""
 
     def poll(self, timeout_ms: int = 0) -> list:

@@ -124,6 +124,6 @@ def _rank_actors(actor_cls, engine_args, config, torch_threads, group, bundle, o
 def _rendezvous(actors: list, timeout_s: float) -> None:
     import ray
 
-    init_addr = ray.get(actors[0].free_init_addr.remote(), timeout=timeout_s)
-    endpoints = ray.get([actor.start.remote(init_addr) for actor in actors], timeout=timeout_s)[1:]
+    init_addr, leader_key = ray.get([actors[0].free_init_addr.remote(), actors[0].sender_key.remote()], timeout=timeout_s)
+    endpoints = ray.get([actor.start.remote(init_addr, leader_key) for actor in actors], timeout=timeout_s)[1:]
     ray.get(actors[0].attach_followers.remote(endpoints), timeout=timeout_s)

@@ -61,7 +61,8 @@ class RequestTable(LoopWorker):
         loop from any thread (`runtime.loop.WorkerLoop.post`; a test driving the worker itself passes its own)."""
         self.engine, self.config, self.io, self.board = engine, config, io, board
         self.control_address = control_address
-        self.compiles = GrammarCompiles(engine.grammars, deliver, config.name, config.grammar_compile_timeout_s)
+        self.compiles = GrammarCompiles(engine.grammars, deliver, config.name, config.grammar_compile_timeout_s,
+                                        config.max_grammar_compiles_waiting)  # fmt: skip
         self.tp_size = engine.config.parallel.tp_size
         self.ranks: RankLinks | None = None  # tensor parallel: links to the follower ranks
         self.records: dict = {}  # insertion order: oldest first

@@ -33,6 +33,9 @@ class WorkerConfig:
     # The most one structured-output grammar may take to compile (runtime.grammar_child); longer: the request
     # is refused (400) as an invalid grammar would be. The largest ordinary schemas measured here took 8 s.
     grammar_compile_timeout_s: float = 30.0
+    # The most grammars compiling or waiting to at once (runtime.grammar_compiles); past it a request with a new
+    # grammar is refused as busy (503, Retry-After). One compile thread: 16 waiting is at most ~16 x 2 x timeout.
+    max_grammar_compiles_waiting: int = 16
     # Rank r runs on core_sets[r] only (runtime.cpu_pinning; cluster.core_map hands them out); (): unpinned.
     core_sets: tuple[tuple[int, ...], ...] = ()
 

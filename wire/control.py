@@ -15,7 +15,8 @@ from wire.requests import DecodeReservation, GenerateRequest, PrefillTask, Reser
 # What a call carries: reserve a GenerateRequest, prefill a PrefillTask, abort a request id, load nothing;
 # to the controller, sync a MembershipReport.
 CallPayload = GenerateRequest | PrefillTask | MembershipReport | str | None
-# What a reply carries: reserve's answer, load's WorkerLoad, nothing (prefill, abort), a string;
+# What a reply carries: reserve's answer, load's WorkerLoad, nothing (prefill, abort; a prefill refused as busy:
+# ReserveRefused), a string;
 # from the controller, sync's WantedMembership.
 ReplyPayload = DecodeReservation | ReserveRefused | WorkerLoad | WantedMembership | str | None
 

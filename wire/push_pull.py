@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 import zmq
 
@@ -30,12 +31,13 @@ class Pushers:
     process's sender key) or a peer's messages (with the cluster key). Sockets to destinations that
     are gone do not pile up: one whose queue is full (its reader dead or stuck) is closed, dropping what
     it queued, and at most `max_destinations` stay open, the least recently used closed first (a decode
-    worker that restarts binds a new inbox each time)."""
+    worker that restarts binds a new inbox each time). `signed`: every message goes with this process's
+    own key, as token deltas always do (the rank links: each side admits only the other's key)."""
 
-    def __init__(self, send_hwm: int = 100_000, max_destinations: int = 64):
+    def __init__(self, send_hwm: int = 100_000, max_destinations: int = 64, signed: bool = False):
         self._ctx = zmq.Context.instance()
         self._socks: OrderedDict[str, zmq.Socket] = OrderedDict()
-        self._send_hwm, self._max_destinations = send_hwm, max_destinations
+        self._send_hwm, self._max_destinations, self._signed = send_hwm, max_destinations, signed
 
     def send(self, address: str, msg) -> bool:
         """Queue `msg` for `address`; False (logged) when its queue is full: the reader is gone or stuck."""
@@ -64,7 +66,8 @@ class Pushers:
         sock.setsockopt(zmq.LINGER, 1000)  # a worker shutting down still flushes its last deltas
         sock.setsockopt(zmq.SNDHWM, self._send_hwm)
         # The router takes a request's deltas only from its workers: they go with this process's own key.
-        connect_secured(sock, address, sender=sender_keypair() if isinstance(msg, TokenDelta) else None)
+        signed = self._signed or isinstance(msg, TokenDelta)
+        connect_secured(sock, address, sender=sender_keypair() if signed else None)
         return sock
 
     def close(self) -> None:
@@ -78,13 +81,15 @@ class PullSocket:
 
     Bounded: ZMQ's default receive high-water mark (1000 messages, each at most
     `SMALL_MESSAGE_BYTES`); past it the senders' `Pushers` queue on their side up
-    to their own bound. `kind` names the socket in the refusal counters."""
+    to their own bound. `kind` names the socket in the refusal counters; `senders`, as `bind_secured`
+    takes it: only those senders' own keys are admitted, not the cluster key."""
 
-    def __init__(self, expected: tuple[type, ...], address: str = "tcp://127.0.0.1:0", kind: str = "inbox"):
+    def __init__(self, expected: tuple[type, ...], address: str = "tcp://127.0.0.1:0", kind: str = "inbox",
+                 senders: Callable[[str], str | None] | None = None):  # fmt: skip
         self.expected, self.kind = expected, kind
         self._sock = zmq.Context.instance().socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self.address = bind_secured(self._sock, address, kind)
+        self.address = bind_secured(self._sock, address, kind, senders=senders)
 
     @property
     def socket(self) -> zmq.Socket:

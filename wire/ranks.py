@@ -20,6 +20,7 @@ class RankEndpoint:
     rank: int
     control_address: str
     kv_address: str = ""
+    sender_key: str = ""  # the public key its acks and reports come with: rank 0's PULL admits only it
 
 
 @message

@@ -94,6 +94,9 @@ class ReserveRefused:
     request_id: str
     reason: str
     retryable: bool  # True: no free blocks now; False: the request can never run here
+    # The worker cannot take it now, nor within a retry's wait (its grammar compiles are full): the client
+    # gets 503 with Retry-After at once. Also prefill's answer when it refuses a task so.
+    busy: bool = False
 
 
 @message

@@ -31,9 +31,10 @@ def _args(model_dir: str, **kwargs) -> EngineArgs:
 
 
 @contextlib.contextmanager
-def _workers(model_dir: str, decode_config=DecodeWorkerConfig(), decode_args=None, prefill_args=None):
+def _workers(model_dir: str, decode_config=DecodeWorkerConfig(), decode_args=None, prefill_args=None,
+             prefill_config=PrefillWorkerConfig()):  # fmt: skip
     """A prefill and a decode worker hosted here; checks both pools are all free before stopping them."""
-    prefill = HostedWorker("prefill", prefill_worker_maker(prefill_args or _args(model_dir), PrefillWorkerConfig()))
+    prefill = HostedWorker("prefill", prefill_worker_maker(prefill_args or _args(model_dir), prefill_config))
     decode = HostedWorker("decode", decode_worker_maker(decode_args or _args(model_dir), decode_config))
     stream, driver = TokenStream(), Driver()
     try:
@@ -260,3 +261,29 @@ def test_a_grammar_past_the_compile_timeout_is_refused_and_the_worker_compiles_t
         results, _ = run_requests(stream, {"choice": PROMPTS["mid"]}, lambda i: (decode, prefill), choice)
     text = AutoTokenizer.from_pretrained(model_dir).decode(results["choice"].token_ids, skip_special_tokens=True)
     assert text in ("yes", "no")
+
+
+def test_past_the_compile_queue_bound_a_new_grammar_is_refused_as_busy_at_once_on_either_worker(tiny_model_dirs):
+    """One grammar compiling fills a queue of 1: on decode, the next new grammar's reserve is refused as busy
+    (the router's 503, no retrying for 30 s); on prefill, its task is refused so and the decode reservation
+    freed. Requests without a grammar go on meanwhile; once the compile ended the next grammar is taken."""
+    model_dir = tiny_model_dirs["llama"]
+    quick = SamplingParams(temperature=0, max_tokens=8, structured=("choice", '["yes", "no", "maybe"]'))
+    for bounded in ("decode", "prefill"):
+        configs = {f"{bounded}_config": (DecodeWorkerConfig if bounded == "decode" else PrefillWorkerConfig)(
+            max_grammar_compiles_waiting=1)}  # fmt: skip
+        slow = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, structured=("json", SLOW_SCHEMA))
+        with _workers(model_dir, **configs) as (decode, prefill, stream), ThreadPoolExecutor(1) as client:
+            busy_worker = decode if bounded == "decode" else prefill
+            first = client.submit(start_request, request("slow", PROMPTS["mid"], stream, slow), decode, prefill)
+            wait_for(lambda: busy_worker.load().waiting == 1, f"{bounded} to compile the first grammar")
+            with pytest.raises(HandoffError, match="grammars are compiling or waiting") as refused:
+                start_request(request("busy", PROMPTS["mid"], stream, quick), decode, prefill)
+            assert refused.value.retryable  # the client's 503 with Retry-After
+            plain, _ = run_requests(stream, {"plain": PROMPTS["long"]}, lambda i: (decode, prefill))
+            first.result(120)
+            wait_for(lambda: stream.finished("slow"), "the first grammar's request", stream=stream)
+            later, _ = run_requests(stream, {"later": PROMPTS["mid"]}, lambda i: (decode, prefill), quick)
+        assert plain["plain"].token_ids == hf_greedy(model_dir, PROMPTS["long"], 8)
+        text = AutoTokenizer.from_pretrained(model_dir).decode(later["later"].token_ids, skip_special_tokens=True)
+        assert text in ("yes", "no", "maybe")

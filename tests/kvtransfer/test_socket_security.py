@@ -54,9 +54,9 @@ def test_inbox_refuses_and_counts_every_attack_then_takes_a_first_token():
 
 
 def test_rank_link_refuses_and_counts_every_attack_then_rank_zero_still_reaches_the_follower():
-    control = RankControl(1)
+    control = RankControl(1, leader_key=sender_keypair().public)  # rank 0 is this process
     before, delivered = refusals(), []
-    clients = send_hostile(control.address, KEY, OVERSIZED)
+    clients = send_hostile(control.address, KEY, OVERSIZED, insider=sender_keypair())  # garbage from rank 0's key
     wait_refused(refusals, before, "rank_link", poll=lambda: delivered.extend(control.poll(5)))
     assert delivered == []
     stop = threading.Event()
@@ -68,7 +68,7 @@ def test_rank_link_refuses_and_counts_every_attack_then_rank_zero_still_reaches_
 
     thread = threading.Thread(target=follower, daemon=True)
     thread.start()
-    links = RankLinks([RankEndpoint(1, control.address)], ack_timeout_s=20)
+    links = RankLinks([RankEndpoint(1, control.address, sender_key=sender_keypair().public)], ack_timeout_s=20)
     _oversized_never_read(before, "rank_link")
     links.close()
     stop.set()
