@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from cluster.cli import add_spec_flags, spec_from_args
 from cluster.layout_profiles import ProfileFiles, layout_of
@@ -128,21 +129,40 @@ def run_profile(args: argparse.Namespace) -> None:
         limits = EngineLimits(max_num_batched_tokens=args.max_num_batched_tokens)
         profile = local_profile(LocalWorker(args.model, args.dtype, args.torch_threads, limits), args.refresh,
                                 on_progress=progress)  # fmt: skip
+        if args.output:  # the evidence beside it: the steps it was fitted to, and what a calibration measured
+            keep_samples(profile, evidence_path(args.output, "samples"))
         if args.serving:
-            profile = calibrated(profile, args.model)
+            profile = calibrated(profile, args.model, evidence_path(args.output, "calibration") if args.output else None)
     if args.output:
         profile.save(args.output)
     print(json.dumps(profile.to_dict(), indent=1) if args.json else describe_profile(profile))
 
 
-def calibrated(profile, model: str | None):
-    """`profile` with its serving costs measured on this machine (`cluster.serving_calibration`), cached."""
+def evidence_path(output: str, kind: str) -> Path:
+    """Beside a profile written to `output` (x.json): x.samples.json, x.calibration.json."""
+    return Path(output).with_suffix(f".{kind}.json")
+
+
+def keep_samples(profile, path: Path) -> None:
+    """A copy of the measured steps the cached `profile` was fitted to (`planner.local_profile.save_samples`)."""
+    import shutil
+
+    from planner.local_profile import cache_path
+
+    cached = cache_path(profile.key).with_suffix(".samples.json")
+    if cached.is_file():
+        shutil.copyfile(cached, path)
+
+
+def calibrated(profile, model: str | None, record_to: Path | None = None):
+    """`profile` with its serving costs measured on this machine (`cluster.serving_calibration`), cached; what
+    the calibration measured also written to `record_to`, when given."""
     from cluster.layout import Machines
     from cluster.serving_calibration import calibrate
     from planner.local_profile import store
 
     replicas = max(1, int(Machines.this_machine().local_cpus) // profile.torch_threads)
-    profile = calibrate(profile, model, replicas, on_progress=progress)
+    profile = calibrate(profile, model, replicas, on_progress=progress, record_to=record_to)
     store(profile)
     return profile
 

@@ -37,8 +37,10 @@ import statistics
 from typing import Callable
 
 from cluster import calibration_beside
-from cluster.calibration_beside import BesideRound
+from pathlib import Path
+
 from cluster.calibration_client import Outcome, drive, one, prompt
+from cluster.calibration_record import CalibrationRecord
 from costmodel import Profile, StepShape
 from planner.workload import SimRequest, WorkloadSpec
 
@@ -47,8 +49,10 @@ NOTE_START = "serving calibrated"
 LOAD = dict(num_prompts=24, random_input_len=384, random_output_len=96, seed=5, ignore_eos=True)
 
 
-def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None] = print) -> Profile:
-    """`profile` with the serving costs measured on `replicas` colocated workers of its kind (see the module doc)."""
+def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None] = print,
+              record_to: str | Path | None = None) -> Profile:  # fmt: skip
+    """`profile` with the serving costs measured on `replicas` colocated workers of its kind (see the module doc);
+    what was measured is also written to `record_to` (a `CalibrationRecord`), when given."""
     import ray
 
     from cluster.deployment import connect_ray
@@ -62,7 +66,10 @@ def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: C
         idle, requests, loaded = _colocated_phases(profile, model, replicas, on_progress)
     finally:
         ray.shutdown()
-    return _fitted(profile, replicas, idle, requests, loaded, beside)
+    record = CalibrationRecord(replicas, idle, requests, loaded, beside)
+    if record_to is not None:
+        record.save(record_to)
+    return fitted(profile, record)
 
 
 def _colocated_phases(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None],
@@ -95,10 +102,13 @@ def _colocated_phases(profile: Profile, model: str | None, replicas: int, on_pro
     return idle, requests, loaded
 
 
-def _fitted(profile: Profile, replicas: int, idle: list[Outcome], requests: list[SimRequest],
-            loaded: list[Outcome], beside: list[BesideRound] | None = None) -> Profile:  # fmt: skip
+def fitted(profile: Profile, record: CalibrationRecord) -> Profile:
+    """`profile` with its serving costs fitted to what a calibration measured (`record`): now, or again later
+    from a kept record after the model changed."""
     from runtime.arrival_window import ArrivalWindowConfig
 
+    replicas, idle, requests, loaded, beside = (record.replicas, record.idle, record.requests, record.loaded,
+                                                record.beside)  # fmt: skip
     serving = profile.serving
     ttft = statistics.median(o.ttft for o in idle)
     prefill = statistics.median(o.phases.get("prefill_s", 0.0) for o in idle)

@@ -23,7 +23,12 @@ prefixes, long outputs.
 Each pass measures every layout under every workload (the same seeds each pass: the same prompts and
 arrivals, so what moves between passes is the machine); its folder keeps the measured results and a
 manifest and the profiles it calibrated, so `--from` predicts them again after the model changed, without a
-server (`--cached-profiles`: on the profiles cached now, for a model change that needs a new calibration).
+server (`--cached-profiles`: on the profiles cached now). Each profile keeps its evidence beside it: the steps
+its terms were fitted to (`profile-X.samples.json`) and what its calibration measured
+(`profile-X.calibration.json`), so `--from ... --refit` fits both again with the code as it is now (a change
+to the cost model's terms, the calibration's fit or the simulator's contention) and predicts on that.
+
+    python scripts/bench_plan.py --from benchmarks/plan-passes/A,benchmarks/plan-passes/B --refit
 """
 
 from __future__ import annotations
@@ -187,14 +192,41 @@ def read_pass(folder: Path) -> tuple[dict, list[dict]]:
     return manifest, rows
 
 
-def predict_pass(folder: Path, manifest: dict, rows: list[dict], cached_profiles: bool) -> None:
-    """Each row's prediction, made now (written beside the measured result), on `pass_profile`."""
+def predict_pass(folder: Path, manifest: dict, rows: list[dict], cached_profiles: bool, refit: bool = False) -> None:
+    """Each row's prediction, made now (written beside the measured result), on `pass_profile` (`refit`: fitted
+    again from its evidence first, `refitted`)."""
     by_name = {w.name: w for w in workloads(manifest["scale"])}
+    profiles = {}
+    for name in manifest["layouts"]:
+        profile = pass_profile(folder, manifest, name, cached_profiles)
+        profiles[name] = refitted(profile) if refit and profile is not None else profile
     for r in rows:
         layout = tuple(manifest["layouts"][r["layout"]])
         workload = by_name[r["workload"]]
         r["pred"] = predicted(layout, workload, r["seed"], folder / result_name("pred", r["layout"], workload.name),
-                              pass_profile(folder, manifest, r["layout"], cached_profiles))  # fmt: skip
+                              profiles[r["layout"]])  # fmt: skip
+
+
+def refitted(path: Path) -> Path:
+    """The pass's profile at `path` fitted again by the code as it is now: the step terms to the steps it was
+    measured on, serving's costs to what its calibration measured; written beside it as refit-<name>."""
+    import dataclasses
+
+    from cluster.calibration_record import CalibrationRecord
+    from cluster.serving_calibration import fitted
+    from costmodel import Profile, ServingCost
+    from planner.fit import fit_step_cost
+    from planner.local_profile import load_samples
+
+    samples, record = path.with_suffix(".samples.json"), path.with_suffix(".calibration.json")
+    missing = [p.name for p in (samples, record) if not p.is_file()]
+    if missing:
+        raise SystemExit(f"--refit: {', '.join(missing)} not kept beside {path} (a pass measured before they were)")
+    step, fit = fit_step_cost(load_samples(samples))
+    profile = dataclasses.replace(Profile.load(path), step=step, fit=fit, serving=ServingCost())
+    out = path.with_name(f"refit-{path.name}")
+    fitted(profile, CalibrationRecord.load(record)).save(out)
+    return out
 
 
 def pass_profile(folder: Path, manifest: dict, layout: str, cached_profiles: bool) -> Path | None:
@@ -245,6 +277,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "measured at the start and each layout's serving costs just before it is measured)")
     p.add_argument("--cached-profiles", action="store_true",
                    help="with --from: predict with the profiles cached now, not those each pass calibrated")
+    p.add_argument("--refit", action="store_true",
+                   help="with --from: fit each pass's profiles again from the evidence kept beside them (the steps "
+                        "measured, the calibration's measurements) with the code as it is now, then predict")
     add_markdown_option(p)
     return p.parse_args(argv)
 
@@ -253,6 +288,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.passes < 1:
         raise SystemExit(f"--passes: at least 1, got {args.passes}")
+    if args.refit and not args.from_:
+        raise SystemExit("--refit refits the profiles of earlier passes: give them with --from")
     if args.from_:
         folders = [Path(f) for f in args.from_.split(",")]
     else:
@@ -268,7 +305,7 @@ def main(argv=None) -> None:
     passes, texts, manifest = [], [], {}
     for folder in folders:
         manifest, rows = read_pass(folder)
-        predict_pass(folder, manifest, rows, args.cached_profiles)
+        predict_pass(folder, manifest, rows, args.cached_profiles, args.refit)
         passes.append(rows)
         texts.append(f"Pass {len(passes)}: measured {manifest['measured']} (commit {manifest['commit']}), results "
                      f"{folder}\n\n{table(rows)}\n\n{summary(rows)}")  # fmt: skip

@@ -8,6 +8,7 @@ import pytest
 
 from cluster import calibration_beside as beside
 from cluster import serving_calibration as calibration
+from cluster.calibration_record import CalibrationRecord
 from tests.planner.profiles import hand_profile
 
 DEFAULT = beside.BesideProbes()
@@ -33,21 +34,22 @@ def _outcomes(profile, replicas: int, idle_itl: float, loaded_itl: float):
 def test_one_worker_is_fitted_a_time_per_step_that_reproduces_its_served_tpot():
     profile = _profile()
     idle, requests, loaded = _outcomes(profile, 1, 0.02, 0.05)
-    fitted = calibration._fitted(profile, 1, idle, requests, loaded).serving
+    fitted = calibration.fitted(profile, CalibrationRecord(1, idle, requests, loaded)).serving
     assert fitted.step_factor == 1.0 and fitted.alone_step_factor is None
     assert fitted.per_round_s > profile.serving.per_round_s
     assert fitted.request_s == pytest.approx(0.3 - 0.25 - 0.012, abs=0.002)  # TTFT - prefill - the window's quiet
     assert fitted.prefill_factor == pytest.approx(0.25 / 0.266)  # served prefill / profiled (10 ms + 256 x 1 ms)
     simulated = calibration._simulated_tpot(dataclasses.replace(profile, serving=fitted), 1, requests)
     assert simulated == pytest.approx(0.05, rel=0.02)
-    again = calibration._fitted(calibration._fitted(profile, 1, idle, requests, loaded), 1, idle, requests, loaded)
+    record = CalibrationRecord(1, idle, requests, loaded)
+    again = calibration.fitted(calibration.fitted(profile, record), record)
     assert [n for n in again.notes if n.startswith("serving calibrated")] == [again.notes[-1]]  # the latest only
 
 
 def test_several_workers_are_fitted_a_time_per_step_alone_and_a_factor_beside_busy_neighbours():
     profile = _profile()
     idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)  # alone: 4 ms a step over the profiled 11 ms
-    fitted = calibration._fitted(profile, 2, idle, requests, loaded).serving
+    fitted = calibration.fitted(profile, CalibrationRecord(2, idle, requests, loaded)).serving
     assert fitted.alone_step_factor == 1.0 and fitted.per_round_s == pytest.approx(0.004, abs=0.0005)
     assert fitted.step_factor > 1.2
     fitted_profile = dataclasses.replace(profile, serving=fitted)
@@ -85,17 +87,17 @@ def _beside(extra_short: float, extra_long: float, itl_alone: float = 0.03, itl_
 def test_prompts_beside_a_decoding_worker_fit_the_line_through_their_extra_time():
     profile = _profile()
     idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)
-    fitted = calibration._fitted(profile, 2, idle, requests, loaded, _beside(0.04, 0.09))
+    fitted = calibration.fitted(profile, CalibrationRecord(2, idle, requests, loaded, _beside(0.04, 0.09)))
     assert fitted.serving.prompt_contention_per_token_s == pytest.approx(0.05 / 640)  # 128 and 768 tokens
     assert fitted.serving.prompt_contention_s == pytest.approx(0.04 - 128 * 0.05 / 640)
     assert "prompt_contention_s 30.0 ms + 78.1 us a prompt token" in fitted.notes[-1]
     # A long prompt slowed less than a short one: a time per step, none per token; none slower: nothing.
-    flat = calibration._fitted(profile, 2, idle, requests, loaded, _beside(0.04, 0.02)).serving
+    flat = calibration.fitted(profile, CalibrationRecord(2, idle, requests, loaded, _beside(0.04, 0.02))).serving
     assert (flat.prompt_contention_s, flat.prompt_contention_per_token_s) == pytest.approx((0.04, 0.0))
-    none = calibration._fitted(profile, 2, idle, requests, loaded, _beside(-0.01, -0.02)).serving
+    none = calibration.fitted(profile, CalibrationRecord(2, idle, requests, loaded, _beside(-0.01, -0.02))).serving
     assert (none.prompt_contention_s, none.prompt_contention_per_token_s) == (0.0, 0.0)
     # Without probes (one worker: no neighbour to measure beside) an earlier calibration's line goes too.
-    again = calibration._fitted(fitted, 1, idle, calibration._load(profile, 1), loaded).serving
+    again = calibration.fitted(fitted, CalibrationRecord(1, idle, calibration._load(profile, 1), loaded)).serving
     assert (again.prompt_contention_s, again.prompt_contention_per_token_s) == (0.0, 0.0)
 
 
@@ -103,11 +105,23 @@ def test_the_stream_beside_the_prefilling_probes_fits_the_factor_of_a_decode_ste
     profile = _profile()
     idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)
     rounds = _beside(0.04, 0.09, itl_alone=0.030, itl_beside=0.045)
-    fitted = calibration._fitted(profile, 2, idle, requests, loaded, rounds).serving
+    fitted = calibration.fitted(profile, CalibrationRecord(2, idle, requests, loaded, rounds)).serving
     step = profile.step_seconds(calibration.StepShape.decode(1, DEFAULT.stream_prompt + 33))
     assert fitted.beside_prefill_factor == pytest.approx(1 + 0.015 / step, rel=0.05)
-    assert "beside_prefill_factor" in calibration._fitted(profile, 2, idle, requests, loaded, rounds).notes[-1]
-    unslowed = calibration._fitted(profile, 2, idle, requests, loaded, _beside(0.04, 0.09)).serving
+    assert "beside_prefill_factor" in calibration.fitted(profile, CalibrationRecord(2, idle, requests, loaded,
+                                                                                      rounds)).notes[-1]
+    unslowed = calibration.fitted(profile, CalibrationRecord(2, idle, requests, loaded, _beside(0.04, 0.09))).serving
     assert unslowed.beside_prefill_factor == pytest.approx(1.0, abs=0.02)
-    alone = calibration._fitted(profile, 1, idle, calibration._load(profile, 1), loaded).serving
+    alone = calibration.fitted(profile, CalibrationRecord(1, idle, calibration._load(profile, 1), loaded)).serving
     assert alone.beside_prefill_factor is None  # one worker: no neighbour to measure beside
+
+
+def test_a_kept_record_is_fitted_to_the_same_costs_again(tmp_path):
+    """What bench_plan's --refit reads: the measurements as JSON, the fit from them the same as from the live ones."""
+    profile = _profile()
+    idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)
+    record = CalibrationRecord(2, idle, requests, loaded, _beside(0.04, 0.09, itl_alone=0.030, itl_beside=0.045))
+    record.save(tmp_path / "calibration.json")
+    again = CalibrationRecord.load(tmp_path / "calibration.json")
+    assert again == record
+    assert calibration.fitted(profile, again).serving == calibration.fitted(profile, record).serving

@@ -52,3 +52,30 @@ def test_over_passes_gives_each_passes_median_their_median_and_the_worst():
     passes = [rows(100.0, 0.05, -0.10, 0.30), rows(100.0, 0.02, 0.04, 0.06), rows(120.0, -0.20, 0.20, 0.12)]
     ttft_p50 = next(line for line in bench_plan.over_passes(passes).splitlines() if line.startswith("| TTFT p50 "))
     assert ttft_p50 == "| TTFT p50 | 10% / 4% / 20% | 10% | 30% | 20%, 20% |"  # the third pass measured 1.2x
+
+
+def test_refit_fits_a_passes_profile_again_from_the_evidence_kept_beside_it(tmp_path):
+    """--refit: the step terms from the kept steps, serving's costs from the kept calibration, whatever the saved
+    profile said (here a stale step_factor of 9), written beside it; a pass without the evidence is refused."""
+    import dataclasses
+
+    from cluster.calibration_record import CalibrationRecord
+    from cluster.serving_calibration import fitted
+    from costmodel import Profile, ServingCost
+    from planner.fit import StepSample
+    from planner.local_profile import save_samples
+    from tests.cluster.test_serving_calibration import _outcomes, _profile
+    from tests.planner.test_fit import shapes
+
+    profile = _profile()
+    path = tmp_path / bench_plan.result_name("profile", "2 colocated x1")
+    dataclasses.replace(profile, serving=ServingCost(step_factor=9.0)).save(path)
+    with pytest.raises(SystemExit, match="not kept beside"):
+        bench_plan.refitted(path)
+    save_samples([StepSample(s, profile.step.seconds(s)) for s in shapes()], path.with_suffix(".samples.json"))
+    record = CalibrationRecord(2, *_outcomes(profile, 2, 0.015, 0.05))
+    record.save(path.with_suffix(".calibration.json"))
+    refit = Profile.load(bench_plan.refitted(path))
+    assert refit.fit.max_abs_error < 0.01  # the kept steps, fitted again
+    assert refit.serving == fitted(dataclasses.replace(refit, serving=ServingCost()), record).serving
+    assert refit.serving.step_factor < 9.0

@@ -1,0 +1,63 @@
+"""What a serving calibration measured, kept as JSON beside the profile it calibrated, so that the fit can be
+made again from it after the model changed (`scripts/bench_plan.py --from ... --refit`), without a server.
+
+    record = CalibrationRecord(replicas, idle, requests, loaded, beside)
+    record.save(path);  CalibrationRecord.load(path)
+
+The fit itself is `cluster.serving_calibration.fitted(profile, record)`: one function from the measurements
+to the serving costs, whether they were measured a second ago or an hour ago on another commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.calibration_beside import BesideRound
+from cluster.calibration_client import Outcome
+from planner.workload import SimRequest
+
+VERSION = 1
+
+
+@dataclass
+class CalibrationRecord:
+    """The phases of one calibration (`cluster.serving_calibration`'s module doc): `replicas` colocated workers;
+    the idle requests' and the loaded phase's outcomes, the load's requests, the beside rounds (None: one
+    worker, no beside phase)."""
+
+    replicas: int
+    idle: list[Outcome]
+    requests: list[SimRequest]
+    loaded: list[Outcome]
+    beside: list[BesideRound] | None = None
+
+    def save(self, path: str | Path) -> None:
+        data = {"version": VERSION, "replicas": self.replicas, "idle": [dataclasses.asdict(o) for o in self.idle],
+                "requests": [[r.arrival_s, list(r.prompt), r.output_len] for r in self.requests],
+                "loaded": [dataclasses.asdict(o) for o in self.loaded],
+                "beside": None if self.beside is None else [_round_dict(r) for r in self.beside]}  # fmt: skip
+        Path(path).write_text(json.dumps(data) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CalibrationRecord":
+        data = json.loads(Path(path).read_text())
+        if data.get("version") != VERSION:
+            raise ValueError(f"{path}: a calibration record of version {data.get('version')}, not {VERSION}")
+        beside = data["beside"]
+        return cls(data["replicas"], [Outcome(**o) for o in data["idle"]],
+                   [SimRequest(a, tuple(p), n) for a, p, n in data["requests"]],
+                   [Outcome(**o) for o in data["loaded"]],
+                   None if beside is None else [_round(r) for r in beside])  # fmt: skip
+
+
+def _round_dict(r: BesideRound) -> dict:
+    return {"stream": dataclasses.asdict(r.stream), "beside": [dataclasses.asdict(o) for o in r.beside],
+            "quiet": [dataclasses.asdict(o) for o in r.quiet], "alone_s": r.alone_s}  # fmt: skip
+
+
+def _round(data: dict) -> BesideRound:
+    return BesideRound(Outcome(**data["stream"]), [Outcome(**o) for o in data["beside"]],
+                       [Outcome(**o) for o in data["quiet"]], data["alone_s"])  # fmt: skip
