@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 
+from cluster.spec import HealthSpec
 from decode_worker.actor import DecodeActor
 from decode_worker.worker import DecodeWorkerConfig
 from engine import EngineArgs
@@ -115,5 +116,8 @@ def test_two_poisons_in_one_batch_are_theirs_not_a_worker_failing_every_step(poi
 
     tokens, failures, pickable = asyncio.run(main())
     assert len(tokens) == 30 and all(isinstance(f, RequestFailedSteps) for f in failures)
-    assert worker.board.failed_in_a_row <= 1 and pickable == {worker.name}
+    # Not taken for dead (3 failed steps in a row). Their first batch counts one; the two resumed poisons may
+    # meet again in one step after the stream ended, a second (the engine knows a suspect only once it failed
+    # in a batch with it): 1 or 2, by timing. Only each poison's lone failure is the request's for certain.
+    assert worker.board.failed_in_a_row <= 2 < HealthSpec().max_failed_steps and pickable == {worker.name}
     wait_for(lambda: worker.is_idle() and worker.pool_all_free(), f"{worker.name} idle, every block free", 30)
