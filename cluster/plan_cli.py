@@ -138,7 +138,7 @@ def run_profile(args: argparse.Namespace) -> None:
     print(json.dumps(profile.to_dict(), indent=1) if args.json else describe_profile(profile))
 
 
-def evidence_path(output: str, kind: str) -> Path:
+def evidence_path(output: str | Path, kind: str) -> Path:
     """Beside a profile written to `output` (x.json): x.samples.json, x.calibration.json."""
     return Path(output).with_suffix(f".{kind}.json")
 
@@ -147,9 +147,9 @@ def keep_samples(profile, path: Path) -> None:
     """A copy of the measured steps the cached `profile` was fitted to (`planner.local_profile.save_samples`)."""
     import shutil
 
-    from planner.local_profile import cache_path
+    from planner.local_profile import samples_path
 
-    cached = cache_path(profile.key).with_suffix(".samples.json")
+    cached = samples_path(profile.key)
     if cached.is_file():
         shutil.copyfile(cached, path)
 

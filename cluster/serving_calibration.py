@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from pathlib import Path
 from typing import Callable
 
 from cluster import calibration_beside
-from pathlib import Path
-
 from cluster.calibration_client import Outcome, drive, one, prompt
 from cluster.calibration_record import CalibrationRecord
 from costmodel import Profile, StepShape

@@ -41,7 +41,6 @@ from decode_worker.streaming import final_delta, output_delta
 from engine.llm_engine import LLMEngine
 from engine.remote_kv import NoFreeBlocks, admit_remote_kv, count_uncached_tokens, fail_remote_kv, reserve_remote_kv
 from runtime.engine_bridge import decode_phases, sampling_params
-from runtime.grammar_compiles import CompilesFull
 from wire.ranks import ExpectShard, TransferEnded
 from wire.requests import DecodeReservation, FirstToken, GenerateRequest, PrefillFailed, ReserveRefused, WorkerLoad
 from wire.push_pull import PullSocket, Pushers
@@ -93,10 +92,8 @@ class DecodeWorker(RequestTable):
             return call.answer(ReserveRefused(rid, str(err), retryable=False))
         grammar = self.compiles.cached(params.structured)
         if params.structured is not None and grammar is None:
-            try:
-                self.compiles.start(rid, params.structured)
-            except CompilesFull as err:
-                return call.answer(ReserveRefused(rid, str(err), retryable=True, busy=True))
+            if not self.start_compile(call, rid, params.structured):
+                return None
             self.records[rid] = DecodeRecord(rid, request.stream_address, len(request.prompt_token_ids),
                                              Phase.COMPILING, call, asked=request)  # fmt: skip
             return None

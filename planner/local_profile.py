@@ -94,7 +94,7 @@ def local_profile(worker: LocalWorker, refresh: bool = False, grid: ProfileGrid 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         profile.save(path)
-        save_samples(samples, path.with_suffix(".samples.json"))
+        save_samples(samples, samples_path(key))
     except OSError as err:
         logger.warning("cannot cache the profile at %s: %s", path, err)
     return profile
@@ -102,6 +102,11 @@ def local_profile(worker: LocalWorker, refresh: bool = False, grid: ProfileGrid 
 
 def cache_path(key: tuple[str, ...]) -> Path:
     return _cache_dir() / f"{hashlib.blake2b(chr(10).join(key).encode(), digest_size=10).hexdigest()}.json"
+
+
+def samples_path(key: tuple[str, ...]) -> Path:
+    """Where the measured steps of the profile cached under `key` are kept (`save_samples`)."""
+    return cache_path(key).with_suffix(".samples.json")
 
 
 def store(profile: Profile) -> Path:

@@ -35,10 +35,9 @@ from engine.remote_kv import add_prefill_request, release_blocks
 from engine.scheduler import SchedulerOutput
 from wire.codec import encode
 from runtime.engine_bridge import prompt_phases, prompt_token_logprobs, sampling_params, token_logprobs
-from runtime.grammar_compiles import CompilesFull
 from kvtransfer.faults import TransportFaults
 from wire.ranks import ShardOrder, ShardOrders, TransferEnded
-from wire.requests import FirstToken, PrefillFailed, PrefillTask, ReserveRefused, TokenDelta, WorkerLoad
+from wire.requests import FirstToken, PrefillFailed, PrefillTask, TokenDelta, WorkerLoad
 from wire.push_pull import Pushers
 from prefill_worker.kv_sending import SendLayer, StartSend
 from prefill_worker.pieces import transfers_of
@@ -82,10 +81,8 @@ class PrefillWorker(RequestTable):
             raise ValueError(f"request id {rid!r} is already in use")
         grammar = self.compiles.cached(params.structured)
         if params.structured is not None and grammar is None:
-            try:
-                self.compiles.start(rid, params.structured)
-            except CompilesFull as err:  # nothing kept: the router refuses the request as busy
-                return call.answer(ReserveRefused(rid, str(err), retryable=True, busy=True))
+            if not self.start_compile(call, rid, params.structured):
+                return None
             self.records[rid] = PrefillRecord(task, None, Phase.COMPILING, call=call)
             return None
         self._queue(call, task, params, grammar)

@@ -71,12 +71,12 @@ class RequestGuard:
         held = _Held(self._buffered)
         try:
             if not held.take(int(declared)):
-                return await self._busy(scope, receive, send, more=int(declared) > 0)
+                return await self._refuse_busy(scope, receive, send, more=int(declared) > 0)
             body, more = await self._read_body(receive, held)
             if body is _GONE:
                 return  # the client left before its body ended (or its body deadline passed): nobody to answer
             if body is _BUSY:
-                return await self._busy(scope, receive, send, more)
+                return await self._refuse_busy(scope, receive, send, more)
             if body is None:
                 held.release()  # what is drained is dropped as it comes, never held
                 return await self._too_large(scope, receive, send, drain=more)
@@ -130,7 +130,7 @@ class RequestGuard:
         await error.response()(scope, receive, send)
 
 
-    async def _busy(self, scope, receive, send, more: bool):
+    async def _refuse_busy(self, scope, receive, send, more: bool):
         """503 with Retry-After; first, for a moment, what arrives of the body is read and dropped (never held):
         the connection closes after the answer, and a client still sending into it then gets a reset instead
         of the 503 (seen in CI: a 30 KiB upload refused at once). A slow upload is not waited for."""

@@ -27,7 +27,7 @@ import time
 
 from wire.ranks import DropShard, ExpectShard, RankAck, RankEndpoint, ReportTo, TransferEnded
 from wire.push_pull import PullSocket, Pushers
-from wire.socket_security import process_key
+from wire.socket_security import only, process_key
 
 logger = logging.getLogger("tandem.runtime")
 
@@ -45,8 +45,7 @@ class _Link:
     def __init__(self, kinds: tuple, address: str, kind: str, peers: set[str]):
         if process_key() is not None and not all(peers):
             raise ValueError(f"a {kind} socket with a cluster key needs the other side's sender key")
-        admitted = (lambda public: kind if public in peers else None) if process_key() is not None else None
-        self._pull = PullSocket(kinds, address, kind=kind, senders=admitted)
+        self._pull = PullSocket(kinds, address, kind=kind, senders=only(peers, kind))  # (no cluster key: unused)
         self._pushers = Pushers(signed=True)
 
     @property

@@ -36,7 +36,7 @@ from engine.llm_engine import EngineStepError, LLMEngine
 from engine.outputs import RequestOutput
 from runtime.arrival_window import ArrivalWindow
 from runtime.control_service import Call
-from runtime.grammar_compiles import GrammarCompiled, GrammarCompiles
+from runtime.grammar_compiles import CompilesFull, GrammarCompiled, GrammarCompiles
 from runtime.load_board import LoadBoard
 from runtime.loop import LoopWorker
 from runtime.rank_links import RankLinks
@@ -45,6 +45,7 @@ from runtime.transfer_service import Released
 from runtime.worker_config import WorkerConfig
 from wire.codec import decode
 from wire.ranks import DropShard, RankEndpoint, TransferEnded
+from wire.requests import ReserveRefused
 
 logger = logging.getLogger("tandem.worker")
 
@@ -138,6 +139,16 @@ class RequestTable(LoopWorker):
             for request_id in err.request_ids:
                 self.on(request_id, self.events.STEP_FAILED, str(err))
             return None
+
+    def start_compile(self, call: Call, request_id: str, structured: tuple[str, str]) -> bool:
+        """Compile `structured` off the loop (`GrammarCompiles.start`: GRAMMAR_COMPILED comes back); False when
+        the compiles are full: `call` is answered with a busy refusal (503 at the router), nothing kept."""
+        try:
+            self.compiles.start(request_id, structured)
+        except CompilesFull as err:
+            call.answer(ReserveRefused(request_id, str(err), retryable=True, busy=True))
+            return False
+        return True
 
     def failed_step(self) -> bool | None:
         """What the loop counts for the step that just failed (`runtime.loop.LoopWorker.step`): False, this

@@ -213,12 +213,13 @@ def refitted(path: Path) -> Path:
     import dataclasses
 
     from cluster.calibration_record import CalibrationRecord
+    from cluster.plan_cli import evidence_path
     from cluster.serving_calibration import fitted
     from costmodel import Profile, ServingCost
     from planner.fit import fit_step_cost
     from planner.local_profile import load_samples
 
-    samples, record = path.with_suffix(".samples.json"), path.with_suffix(".calibration.json")
+    samples, record = evidence_path(path, "samples"), evidence_path(path, "calibration")  # as `profile -o` kept them
     missing = [p.name for p in (samples, record) if not p.is_file()]
     if missing:
         raise SystemExit(f"--refit: {', '.join(missing)} not kept beside {path} (a pass measured before they were)")

@@ -49,8 +49,9 @@ allowed to send what it takes, whatever else they hold:
   the router only the prefill worker it chose;
 - decode's inbox takes a request's `FirstToken` or `PrefillFailed` only with
   the same token (what the prefill worker the router chose was given);
-- not yet per role: the TP rank links admit any holder of the cluster key
-  (each rank of a worker is its own process with its own sender key).
+- a tensor-parallel worker's rank links (`runtime.rank_links`): a follower's
+  control PULL admits rank 0's key only, rank 0's report PULL its followers'
+  keys only (each rank is its own process with its own sender key).
 
 The router's sender key is the serving process's own `sender_keypair()`: it
 presents it on every control and membership DEALER (`router.control_client`);
@@ -72,7 +73,7 @@ import secrets
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
 import zmq
@@ -159,9 +160,11 @@ def holds_token(expected: str, given: str) -> bool:
     return not expected or hmac.compare_digest(given, expected)
 
 
-def only(public_key: str, name: str) -> Callable[[str], str | None]:
-    """A `senders` check admitting one key, `public_key`, as `name` ("" admits nobody)."""
-    return lambda public: name if public_key and public == public_key else None
+def only(public_keys: str | Iterable[str], name: str) -> Callable[[str], str | None]:
+    """A `senders` check admitting `public_keys` (one key, or several), each as `name` ("" admits nobody)."""
+    admitted = {public_keys} if isinstance(public_keys, str) else set(public_keys)
+    admitted.discard("")
+    return lambda public: name if public in admitted else None
 
 
 def bind_secured(sock: zmq.Socket, address: str, kind: str, max_message_bytes: int = SMALL_MESSAGE_BYTES,
