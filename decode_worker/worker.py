@@ -107,11 +107,13 @@ class DecodeWorker(RequestTable):
             if request.local_prefill or (count_uncached_tokens(self.engine, prompt, params.cache_salt)
                                          < self.config.local_prefill_threshold):  # fmt: skip
                 self.engine.add_request(rid, prompt, params, grammar)
+                self.engine.requests[rid].suspect = request.suspect
                 self.window.queued(self.engine)
                 self.records[rid] = DecodeRecord(rid, request.stream_address, len(prompt), Phase.RUNNING,
                                                  request=self.engine.requests[rid])  # fmt: skip
                 return call.answer(DecodeReservation(rid, prefill_locally=True))
             res = reserve_remote_kv(self.engine, rid, prompt, params, grammar)
+            self.engine.requests[rid].suspect = request.suspect
         except NoFreeBlocks as err:
             return call.answer(ReserveRefused(rid, str(err), retryable=True))
         except ValueError as err:

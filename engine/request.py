@@ -46,7 +46,8 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
     num_preemptions: int = 0
-    # A step it was in failed beside other requests: it runs alone (`Scheduler`) until a step of its own samples
+    # A step it was in failed beside other requests (or an earlier attempt's did, on any worker: the router says
+    # so, `wire.requests.GenerateRequest.suspect`): it runs alone (`Scheduler`) until a step of its own samples
     # a token, so that a failure is blamed on the request that causes it, not on its company.
     suspect: bool = False
     failed_steps: int = 0  # steps that failed with it in them

@@ -153,7 +153,10 @@ class Scheduler:
             if self.kv_cache.allocate_slots(request, num_new):
                 out.scheduled.append(ScheduledRequest.of(request, num_new))
             return
-        # Waiting (set aside to recompute): it had a seat when its step failed, so no seat bound here.
+        # Waiting: set aside to recompute (it had a seat when its step failed, so no seat bound here), or new and
+        # suspect from an earlier attempt (`wire.requests.GenerateRequest.suspect`): that one waits for a seat.
+        if request.status == RequestStatus.WAITING and len(self.running) >= self.config.max_num_seqs:
+            return
         self._start(request, out, budget)
 
     def _schedule_beside(self, out: SchedulerOutput, budget: int) -> None:

@@ -91,6 +91,7 @@ class PrefillWorker(RequestTable):
         """`grammar`: `params.structured` compiled (None: none asked for)."""
         request = task.request
         req = add_prefill_request(self.engine, request.request_id, list(request.prompt_token_ids), params, grammar)
+        req.suspect = request.suspect
         self.records[request.request_id] = PrefillRecord(task, req)
         self.window.queued(self.engine)
         call.answer(None)

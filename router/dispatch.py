@@ -317,7 +317,8 @@ class Dispatcher:
                 gen.resumes += 1
                 if self.registry.pickable("decode") and not self.registry.trusted("decode"):
                     await asyncio.sleep(SUSPECT_POOL_PAUSE_S * gen.resumes)  # closed meanwhile: cancelled here
-                request = resumed_request(gen.request, gen.outputs.delivered, gen.resumes)
+                request = resumed_request(gen.request, gen.outputs.delivered, gen.resumes,
+                                          suspect=gen.failed_steps > 0)  # fmt: skip
                 gen.outputs.restart()
                 if request is None:  # every allowed token was handed out: only the final delta was lost
                     n, prompt = len(gen.outputs.delivered), len(gen.request.prompt_token_ids)

@@ -34,10 +34,12 @@ from __future__ import annotations
 from wire.requests import GenerateRequest
 
 
-def resumed_request(original: GenerateRequest, delivered: list[int], attempt: int) -> GenerateRequest | None:
-    """The request that continues `original` after `delivered` tokens; None if no token is left to make."""
+def resumed_request(original: GenerateRequest, delivered: list[int], attempt: int,
+                    suspect: bool = False) -> GenerateRequest | None:  # fmt: skip
+    """The request that continues `original` after `delivered` tokens; None if no token is left to make.
+    `suspect`: a step failed with it alone before (`GenerateRequest.suspect`)."""
     sampling = original.sampling.continued(len(delivered))
     if sampling is None:
         return None
     return GenerateRequest(f"{original.request_id}.{attempt}", original.prompt_token_ids + tuple(delivered), sampling,
-                           original.stream_address)  # fmt: skip
+                           original.stream_address, suspect=suspect)  # fmt: skip

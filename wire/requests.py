@@ -64,6 +64,10 @@ class GenerateRequest:
     # The router found no prefill worker able to take it (dead, restarting, draining, far behind):
     # the decode worker prefills the prompt itself, whatever its local_prefill_threshold.
     local_prefill: bool = False
+    # An earlier attempt of it ended in a step that failed with it alone (`router.dispatch.Generation`): the
+    # worker runs it alone until a step of its own samples (`engine.request.Request.suspect`), so that it
+    # fails no batch of others, and a failure of its lone step is its own, not the worker's.
+    suspect: bool = False
 
 
 @message

@@ -91,3 +91,24 @@ def test_preempts_newest_when_blocks_run_out_and_frees_on_finish():
     assert out.scheduled[0].request is b and out.scheduled[0].num_new_tokens == 7 + 2
     sched.finish(b, RequestStatus.FINISHED_ABORTED)
     assert sched.kv_cache.num_free_blocks == 4 and not sched.has_unfinished()
+
+
+def test_a_new_suspect_runs_alone_once_a_seat_is_free():
+    """A request the router marks suspect (an earlier attempt failed a step alone) steps alone, never beside
+    the running ones, and waits for a seat like any new request; once a step of its own samples, it batches."""
+    sched = _scheduler(max_num_seqs=2, budget=100)
+    a, b = _req("a", 3, max_tokens=2), _req("b", 3, start=10)
+    sched.add_request(a)
+    sched.add_request(b)
+    _run_step(sched)
+    resumed = _req("resumed", 3, start=20)
+    resumed.suspect = True
+    sched.add_request(resumed)
+    out = _run_step(sched)  # both seats held: the others step, the suspect waits
+    assert [s.request.request_id for s in out.scheduled] == ["a", "b"] and resumed in sched.waiting
+    sched.finish(a, RequestStatus.FINISHED_LENGTH)
+    out = _run_step(sched)  # a seat: the suspect alone (b waits a step)
+    assert [s.request.request_id for s in out.scheduled] == ["resumed"]
+    resumed.suspect = False  # what the engine does once its lone step sampled (`LLMEngine._update`)
+    out = _run_step(sched)
+    assert sorted(s.request.request_id for s in out.scheduled) == ["b", "resumed"]

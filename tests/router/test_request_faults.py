@@ -53,13 +53,19 @@ def test_a_request_that_fails_the_steps_of_two_workers_is_its_own_400(poisoned):
         async with colocated_dispatcher(registry, poisoned) as dispatcher:
             with pytest.raises(RequestFailedSteps) as failed:
                 await tokens_of(await dispatcher.start([5, *POISON, 7], GREEDY))
+            for worker in poisoned:
+                wait_for(worker.is_idle, f"{worker.name} idle", 30)
+            counted = sorted(worker.board.failed_in_a_row for worker in poisoned)
             fine = [await tokens_of(await dispatcher.start([5, 6, 7 + i], GREEDY)) for i in range(2)]
             await dispatcher.drain_aborts()
-            return failed.value, fine, {w.name for w in registry.pickable("decode")}
+            return failed.value, counted, fine, {w.name for w in registry.pickable("decode")}
 
-    failure, fine, pickable = asyncio.run(main())
+    failure, counted, fine, pickable = asyncio.run(main())
     error = from_dispatch(failure)
     assert error.status == 400 and error.code == "request_failed_steps" and "2 attempts" in error.message
+    # Its first worker counts the failure (alone and new: nothing tells it from a device error); the second knows
+    # the request failed a step before (`GenerateRequest.suspect`), so its lone failure is the request's.
+    assert counted == [0, 1]
     assert [len(tokens) for tokens, _ in fine] == [GREEDY.max_tokens] * 2
     assert pickable == {"decode-0", "decode-1"}  # both still serve
     for worker in poisoned:  # one failed step each (of 3 in a row that mean dead), nothing left held
@@ -116,8 +122,7 @@ def test_two_poisons_in_one_batch_are_theirs_not_a_worker_failing_every_step(poi
 
     tokens, failures, pickable = asyncio.run(main())
     assert len(tokens) == 30 and all(isinstance(f, RequestFailedSteps) for f in failures)
-    # Not taken for dead (3 failed steps in a row). Their first batch counts one; the two resumed poisons may
-    # meet again in one step after the stream ended, a second (the engine knows a suspect only once it failed
-    # in a batch with it): 1 or 2, by timing. Only each poison's lone failure is the request's for certain.
-    assert worker.board.failed_in_a_row <= 2 < HealthSpec().max_failed_steps and pickable == {worker.name}
+    # Not taken for dead (3 failed steps in a row): their batch counts one (0 once the stream's next step
+    # sampled); their resumed attempts come marked suspect, each runs alone, and those failures are theirs.
+    assert worker.board.failed_in_a_row <= 1 < HealthSpec().max_failed_steps and pickable == {worker.name}
     wait_for(lambda: worker.is_idle() and worker.pool_all_free(), f"{worker.name} idle, every block free", 30)
