@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_loads import chosen_layout, tandem_serve, vllm_bench  # noqa: E402
 from bench_report import add_markdown_option, git_commit, machine_line, record_run, run_text  # noqa: E402
+from machine_pace import Pace, machine_pace  # noqa: E402
 
 LAYOUTS = {
     "default": (),
@@ -59,6 +60,10 @@ METRICS = (("median_ttft_ms", "TTFT p50"), ("p90_ttft_ms", "TTFT p90"), ("median
            ("p90_tpot_ms", "TPOT p90"), ("output_throughput", "out tok/s"))  # fmt: skip
 MANIFEST = "run.json"  # what a pass measured: layouts, seeds, scale, when, the commit
 COMMON = ("--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99")
+# A run is measured again (once) when the machine's pace just before or after it is further than this from its
+# pace just after the layout's calibration (`machine_pace`): the run would price the machine's drift, not the
+# model. The pace itself repeats within about 5% on a steady machine.
+PACE_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
@@ -112,16 +117,30 @@ def abs_errors(rows: list[dict], key: str) -> list[float]:
 
 
 def table(rows: list[dict]) -> str:
+    paced = any(r["pace"] for r in rows)
     head = "| layout | workload | " + " | ".join(f"{label} pred / real (err)" for _, label in METRICS) + " |"
-    lines = [head, "|---|---|" + "---|" * len(METRICS)]
+    head += " machine pace before / after, vs calibration |" if paced else ""
+    lines = [head, "|---|---|" + "---|" * (len(METRICS) + paced)]
     for r in rows:
         cells = [f"{r['pred'][k]:.{1 if k == 'output_throughput' else 0}f} / {r['real'][k]:.{1 if k == 'output_throughput' else 0}f} "
                  f"({error(r['pred'][k], r['real'][k]):+.0%})" for k, _ in METRICS]  # fmt: skip
+        cells += [r["pace"] + ("" if r["steady"] else " **unsteady**")] if paced else []
         lines.append(f"| {r['layout']} | {r['workload']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def summary(rows: list[dict]) -> str:
+    """The errors over every run; when the machine's pace moved past `PACE_TOLERANCE` around some runs (measured
+    twice), also over the steady ones."""
+    text = _summary_table(rows)
+    steady = [r for r in rows if r["steady"]]
+    if len(steady) < len(rows):
+        text += (f"\n\nThe {len(steady)} of {len(rows)} runs around which the machine's pace stayed within "
+                 f"{PACE_TOLERANCE:.0%} of its calibration's:\n\n" + (_summary_table(steady) if steady else "none"))
+    return text
+
+
+def _summary_table(rows: list[dict]) -> str:
     lines = ["| metric | median abs error | worst | runs within 10% / 25% |", "|---|---|---|---|"]
     for key, label in METRICS:
         errors = abs_errors(rows, key)
@@ -155,23 +174,55 @@ def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], sc
     `calibrated`); the folder of their results, with its manifest."""
     work, started = Path(tempfile.mkdtemp(prefix="bench-plan-")), datetime.datetime.now()
     seeds = {w.name: seed for seed, w in enumerate(chosen, start=101)}
-    chosen_default, profiles = "", {}
+    chosen_default, profiles, paces = "", {}, {}
     for i, (name, flags) in enumerate(layouts.items()):
         if calibrated:
             profiles[name] = result_name("profile", name)
             calibrate(flags, work / profiles[name])
+        threads = layout_threads(flags)
+        reference = machine_pace(threads)
+        paces[name] = {"reference": reference.as_dict(), "runs": {}}
         log = work / f"serve-{i}.log"
         with tandem_serve(None, log, flags=flags) as url:
             for workload in chosen:
                 out = work / result_name("real", name, workload.name)
-                real = measured(url, tokenizer, workload, seeds[workload.name], out)
-                print(f"measured {name} / {workload.name}: {real['completed']} completed", flush=True)
+                attempts = paces[name]["runs"][workload.name] = []
+                while len(attempts) < 2 and (not attempts or unsteady(attempts[-1], reference)):
+                    before = machine_pace(threads)
+                    real = measured(url, tokenizer, workload, seeds[workload.name], out)
+                    attempts.append({"before": before.as_dict(), "after": machine_pace(threads).as_dict()})
+                    print(f"measured {name} / {workload.name}: {real['completed']} completed, machine pace "
+                          f"{pace_text(attempts[-1], reference)} of its calibration's", flush=True)  # fmt: skip
         chosen_default = chosen_layout(log) if name == "default" else chosen_default
     manifest = {"measured": f"{started:%Y-%m-%d %H:%M}", "commit": git_commit(), "scale": scale,
                 "layouts": {n: list(f) for n, f in layouts.items()}, "seeds": seeds, "chosen_default": chosen_default,
-                "profiles": profiles}  # fmt: skip
+                "profiles": profiles, "pace": paces}  # fmt: skip
     (work / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return work
+
+
+def drifts(attempt: dict, reference: Pace) -> tuple[float, float]:
+    """The machine's pace just before and just after a run, each relative to its calibration's (`Pace.drift`)."""
+    return Pace(**attempt["before"]).drift(reference), Pace(**attempt["after"]).drift(reference)
+
+
+def unsteady(attempt: dict, reference: Pace) -> bool:
+    return any(abs(d) > PACE_TOLERANCE for d in drifts(attempt, reference))
+
+
+def pace_text(attempt: dict, reference: Pace) -> str:
+    return " / ".join(f"{d:+.0%}" for d in drifts(attempt, reference))
+
+
+def run_pace(manifest: dict, layout: str, workload: str) -> tuple[str, bool]:
+    """How the machine's pace stood around a row's (last) run, as text, and whether it stayed steady; ("", True)
+    for a pass measured before the pace was."""
+    pace = manifest.get("pace", {}).get(layout)
+    if pace is None or workload not in pace["runs"]:
+        return "", True
+    reference, attempts = Pace(**pace["reference"]), pace["runs"][workload]
+    again = " (measured again)" if len(attempts) > 1 else ""
+    return pace_text(attempts[-1], reference) + again, not unsteady(attempts[-1], reference)
 
 
 def read_pass(folder: Path) -> tuple[dict, list[dict]]:
@@ -185,8 +236,9 @@ def read_pass(folder: Path) -> tuple[dict, list[dict]]:
         for workload in workloads(manifest["scale"]):
             real = folder / result_name("real", name, workload.name)
             if workload.name in manifest["seeds"] and real.exists():
+                pace, steady = run_pace(manifest, name, workload.name)
                 rows.append({"layout": name, "workload": workload.name, "seed": manifest["seeds"][workload.name],
-                             "real": json.loads(real.read_text())})  # fmt: skip
+                             "real": json.loads(real.read_text()), "pace": pace, "steady": steady})  # fmt: skip
     if not rows:
         raise SystemExit(f"{folder}: no measured results (real-*.json) in it")
     return manifest, rows
@@ -312,6 +364,10 @@ def main(argv=None) -> None:
                      f"{folder}\n\n{table(rows)}\n\n{summary(rows)}")  # fmt: skip
     if len(passes) > 1:
         texts.append(f"Over the {len(passes)} passes:\n\n{over_passes(passes)}")
+        steady = [[r for r in rows if r["steady"]] for rows in passes]
+        if sum(map(len, steady)) < sum(map(len, passes)) and all(steady):
+            texts.append(f"Over the runs of the {len(passes)} passes around which the machine's pace stayed within "
+                         f"{PACE_TOLERANCE:.0%} of its calibration's:\n\n{over_passes(steady)}")  # fmt: skip
     text = "\n\n".join(texts)
     print(text)
     if args.markdown:

@@ -79,3 +79,38 @@ def test_refit_fits_a_passes_profile_again_from_the_evidence_kept_beside_it(tmp_
     assert refit.fit.max_abs_error < 0.01  # the kept steps, fitted again
     assert refit.serving == fitted(dataclasses.replace(refit, serving=ServingCost()), record).serving
     assert refit.serving.step_factor < 9.0
+
+
+def test_a_run_around_which_the_machine_changed_pace_is_marked_and_summarised_apart(tmp_path):
+    """The manifest keeps the machine's pace after each calibration and around each run (`machine_pace`); a row
+    whose last run saw it move past PACE_TOLERANCE is unsteady, and the summary also covers the steady rows."""
+    from scripts.machine_pace import Pace
+
+    assert Pace(12.0, 9.0).drift(Pace(10.0, 10.0)) == pytest.approx(0.2)  # the larger change, signed
+    assert Pace(10.0, 7.0).drift(Pace(10.0, 10.0)) == pytest.approx(-0.3)
+    reference = {"decode_ms": 10.0, "prefill_ms": 20.0}
+    steady, slow = {"before": reference, "after": reference}, {"before": reference, "after": {"decode_ms": 13.0,
+                                                                                             "prefill_ms": 20.0}}
+    manifest = {"measured": "2026-11-27 15:00", "commit": "abc", "scale": 0.5, "chosen_default": "",
+                "layouts": {"mine": []}, "seeds": {"burst": 1, "long-outputs": 2},
+                "pace": {"mine": {"reference": reference, "runs": {"burst": [slow, slow], "long-outputs": [steady]}}}}
+    (tmp_path / bench_plan.MANIFEST).write_text(json.dumps(manifest))
+    for workload in ("burst", "long-outputs"):
+        (tmp_path / bench_plan.result_name("real", "mine", workload)).write_text(json.dumps(_result(100.0)))
+    _, rows = bench_plan.read_pass(tmp_path)
+    assert [(r["workload"], r["pace"], r["steady"]) for r in rows] == [
+        ("burst", "+0% / +30% (measured again)", False), ("long-outputs", "+0% / +0%", True)]
+    rows[0]["pred"], rows[1]["pred"] = _result(200.0), _result(105.0)  # the unsteady run 100% off, the steady 5%
+    assert "**unsteady**" in bench_plan.table(rows)
+    text = bench_plan.summary(rows)
+    assert "| TTFT p50 | 52% | 100% |" in text and "The 1 of 2 runs" in text and "| TTFT p50 | 5% | 5% |" in text
+
+
+def test_the_machine_pace_is_measured_on_the_threads_asked_for():
+    import torch
+
+    from scripts.machine_pace import machine_pace
+
+    threads = torch.get_num_threads()
+    pace = machine_pace(1)
+    assert pace.decode_ms > 0 and pace.prefill_ms > pace.decode_ms and torch.get_num_threads() == threads
