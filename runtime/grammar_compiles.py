@@ -68,6 +68,11 @@ class GrammarCompiles:
         self._waiting = 0  # started, not yet reported; counted on the loop thread, given back from the compile one
         self._lock = threading.Lock()
 
+    @property
+    def busy(self) -> bool:
+        """A compile is queued or running (from `start` until its answer is delivered)."""
+        return self._waiting > 0
+
     def cached(self, structured: tuple[str, str] | None):
         """`structured` compiled, if the engine's cache has it (instant); None when it has not, or no grammar
         is asked for. A request whose grammar is not cached waits for `start`."""

@@ -41,6 +41,7 @@ from runtime.load_board import LoadBoard
 from runtime.loop import LoopWorker
 from runtime.rank_links import RankLinks
 from runtime.router_lease import RouterLease, due
+from runtime.step_threads import StepThreads
 from runtime.transfer_service import Released
 from runtime.worker_config import WorkerConfig
 from wire.codec import decode
@@ -64,6 +65,7 @@ class RequestTable(LoopWorker):
         self.control_address = control_address
         self.compiles = GrammarCompiles(engine.grammars, deliver, config.name, config.grammar_compile_timeout_s,
                                         config.max_grammar_compiles_waiting)  # fmt: skip
+        self.step_threads = StepThreads()  # built on the loop thread (`runtime.loop.WorkerLoop`)
         self.tp_size = engine.config.parallel.tp_size
         self.ranks: RankLinks | None = None  # tensor parallel: links to the follower ranks
         self.records: dict = {}  # insertion order: oldest first
@@ -132,6 +134,7 @@ class RequestTable(LoopWorker):
     def engine_step(self) -> list[RequestOutput] | None:
         """One engine step's outputs; None when it failed (the engine ended the requests it names and freed what
         they held; each record hears STEP_FAILED; `failed_step` says whose failure it was)."""
+        self.step_threads.leave_one(self.compiles.busy)
         try:
             return self.engine.step()
         except EngineStepError as err:

@@ -8,12 +8,14 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 import decode_worker.worker
 from decode_worker.actor import decode_worker_maker
 from decode_worker.worker import DecodeWorkerConfig
 from engine import LLM, EngineArgs, SamplingParams
+from engine.llm_engine import LLMEngine
 from router.handoff import HandoffError, HandoffTimeouts
 from wire.push_pull import Pushers, TokenStream
 from wire.requests import FirstToken, PrefillFailed
@@ -228,12 +230,22 @@ SLOW_SCHEMA = _object_schema(600)  # slower to compile (twice: runtime.grammar_c
 HUGE_SCHEMA = _object_schema(900)  # far past a compile timeout of 0.2 s
 
 
-def test_a_slow_grammar_compiles_off_the_loops_while_other_requests_stream(tiny_model_dirs):
+def test_a_slow_grammar_compiles_off_the_loops_while_other_requests_stream(tiny_model_dirs, monkeypatch):
     """Both workers compile a grammar on a thread of their own: requests reserved after it are served meanwhile,
-    the request waits (not in any step) and then runs under its grammar; cached, it is taken at once; an
-    invalid one is refused as the request's fault, as when it was compiled inline."""
+    on one torch thread fewer (`runtime.step_threads`: the compile has a core), the request waits (not in any
+    step) and then runs under its grammar; cached, it is taken at once; an invalid one is refused as the
+    request's fault, as when it was compiled inline."""
     model_dir = tiny_model_dirs["llama"]
     structured = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, structured=("json", SLOW_SCHEMA))
+    decode_steps = []  # (the requests the decode engine holds, torch's threads on its loop thread) at each step
+    real_step = LLMEngine.step
+
+    def step(engine):
+        if engine.kv_connector is None:  # decode's engine (prefill's carries its KV sender)
+            decode_steps.append((set(engine.requests), torch.get_num_threads()))
+        return real_step(engine)
+
+    monkeypatch.setattr(LLMEngine, "step", step)
     with _workers(model_dir) as (decode, prefill, stream), ThreadPoolExecutor(1) as client:
         slow = client.submit(start_request, request("slow", PROMPTS["mid"], stream, structured), decode, prefill)
         wait_for(lambda: decode.load().waiting == 1, "decode to hold the request while its grammar compiles")
@@ -249,6 +261,8 @@ def test_a_slow_grammar_compiles_off_the_loops_while_other_requests_stream(tiny_
     text = AutoTokenizer.from_pretrained(model_dir).decode(stream.requests["slow"].token_ids)
     assert text.startswith("{")  # under the schema (the random model's greedy text is no JSON)
     assert again["again"].token_ids == stream.requests["slow"].token_ids
+    (full,) = {threads for held, threads in decode_steps if "again" in held}  # no compile then: every thread
+    assert [threads for held, threads in decode_steps if "plain" in held][0] == max(1, full - 1)  # "slow" compiles
 
 
 def test_a_grammar_past_the_compile_timeout_is_refused_and_the_worker_compiles_the_next(tiny_model_dirs):
