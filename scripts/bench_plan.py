@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,8 @@ COMMON = ("--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metri
 # pace just after the layout's calibration (`machine_pace`): the run would price the machine's drift, not the
 # model. The pace itself repeats within about 5% on a steady machine.
 PACE_TOLERANCE = 0.10
+PACE_SETTLE_S = 5.0
+RESEED = 1000  # a run measured again uses its workload's seed plus this
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], sc
             profiles[name] = result_name("profile", name)
             calibrate(flags, work / profiles[name])
         threads = layout_threads(flags)
-        reference = machine_pace(threads)
+        reference = settled_pace(threads)
         paces[name] = {"reference": reference.as_dict(), "runs": {}}
         log = work / f"serve-{i}.log"
         with tandem_serve(None, log, flags=flags) as url:
@@ -188,9 +191,11 @@ def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], sc
                 out = work / result_name("real", name, workload.name)
                 attempts = paces[name]["runs"][workload.name] = []
                 while len(attempts) < 2 and (not attempts or unsteady(attempts[-1], reference)):
-                    before = machine_pace(threads)
-                    real = measured(url, tokenizer, workload, seeds[workload.name], out)
-                    attempts.append({"before": before.as_dict(), "after": machine_pace(threads).as_dict()})
+                    # Measured again: other prompts (a seed of its own), or they would be in the prefix cache.
+                    seed, before = seeds[workload.name] + RESEED * len(attempts), settled_pace(threads)
+                    real = measured(url, tokenizer, workload, seed, out)
+                    after = settled_pace(threads)
+                    attempts.append({"seed": seed, "before": before.as_dict(), "after": after.as_dict()})
                     print(f"measured {name} / {workload.name}: {real['completed']} completed, machine pace "
                           f"{pace_text(attempts[-1], reference)} of its calibration's", flush=True)  # fmt: skip
         chosen_default = chosen_layout(log) if name == "default" else chosen_default
@@ -199,6 +204,14 @@ def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], sc
                 "profiles": profiles, "pace": paces}  # fmt: skip
     (work / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return work
+
+
+def settled_pace(threads: int) -> Pace:
+    """The machine's pace once what just ended has settled (a run's or a calibration's processes exiting: in
+    the first passes that measured it, a pace taken at once after a run was up to 15% slower than the one
+    taken seconds later, before the next run)."""
+    time.sleep(PACE_SETTLE_S)
+    return machine_pace(threads)
 
 
 def drifts(attempt: dict, reference: Pace) -> tuple[float, float]:
@@ -225,6 +238,12 @@ def run_pace(manifest: dict, layout: str, workload: str) -> tuple[str, bool]:
     return pace_text(attempts[-1], reference) + again, not unsteady(attempts[-1], reference)
 
 
+def run_seed(manifest: dict, layout: str, workload: str) -> int:
+    """The seed of a row's (last) run: its workload's, or the one a run measured again had."""
+    attempts = manifest.get("pace", {}).get(layout, {}).get("runs", {}).get(workload, [])
+    return attempts[-1].get("seed", manifest["seeds"][workload]) if attempts else manifest["seeds"][workload]
+
+
 def read_pass(folder: Path) -> tuple[dict, list[dict]]:
     """A measured pass's manifest and its rows (layout, workload, seed, real)."""
     path = folder / MANIFEST
@@ -237,7 +256,7 @@ def read_pass(folder: Path) -> tuple[dict, list[dict]]:
             real = folder / result_name("real", name, workload.name)
             if workload.name in manifest["seeds"] and real.exists():
                 pace, steady = run_pace(manifest, name, workload.name)
-                rows.append({"layout": name, "workload": workload.name, "seed": manifest["seeds"][workload.name],
+                rows.append({"layout": name, "workload": workload.name, "seed": run_seed(manifest, name, workload.name),
                              "real": json.loads(real.read_text()), "pace": pace, "steady": steady})  # fmt: skip
     if not rows:
         raise SystemExit(f"{folder}: no measured results (real-*.json) in it")

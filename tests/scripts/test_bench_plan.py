@@ -93,13 +93,13 @@ def test_a_run_around_which_the_machine_changed_pace_is_marked_and_summarised_ap
                                                                                              "prefill_ms": 20.0}}
     manifest = {"measured": "2026-11-27 15:00", "commit": "abc", "scale": 0.5, "chosen_default": "",
                 "layouts": {"mine": []}, "seeds": {"burst": 1, "long-outputs": 2},
-                "pace": {"mine": {"reference": reference, "runs": {"burst": [slow, slow], "long-outputs": [steady]}}}}
+                "pace": {"mine": {"reference": reference, "runs": {"burst": [slow, {**slow, "seed": 1001}], "long-outputs": [steady]}}}}
     (tmp_path / bench_plan.MANIFEST).write_text(json.dumps(manifest))
     for workload in ("burst", "long-outputs"):
         (tmp_path / bench_plan.result_name("real", "mine", workload)).write_text(json.dumps(_result(100.0)))
     _, rows = bench_plan.read_pass(tmp_path)
-    assert [(r["workload"], r["pace"], r["steady"]) for r in rows] == [
-        ("burst", "+0% / +30% (measured again)", False), ("long-outputs", "+0% / +0%", True)]
+    assert [(r["workload"], r["pace"], r["steady"], r["seed"]) for r in rows] == [  # again: on prompts of its own
+        ("burst", "+0% / +30% (measured again)", False, 1001), ("long-outputs", "+0% / +0%", True, 2)]
     rows[0]["pred"], rows[1]["pred"] = _result(200.0), _result(105.0)  # the unsteady run 100% off, the steady 5%
     assert "**unsteady**" in bench_plan.table(rows)
     text = bench_plan.summary(rows)
