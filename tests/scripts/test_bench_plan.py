@@ -100,6 +100,9 @@ def test_a_run_around_which_the_machine_changed_pace_is_marked_and_summarised_ap
     _, rows = bench_plan.read_pass(tmp_path)
     assert [(r["workload"], r["pace"], r["steady"], r["seed"]) for r in rows] == [  # again: on prompts of its own
         ("burst", "+0% / +30% (measured again)", False, 1001), ("long-outputs", "+0% / +0%", True, 2)]
+    manifest["pace"]["mine"]["runs"]["burst"][1].pop("seed")  # measured again on its own prompts: left out
+    (tmp_path / bench_plan.MANIFEST).write_text(json.dumps(manifest))
+    assert [r["workload"] for r in bench_plan.read_pass(tmp_path)[1]] == ["long-outputs"]
     rows[0]["pred"], rows[1]["pred"] = _result(200.0), _result(105.0)  # the unsteady run 100% off, the steady 5%
     assert "**unsteady**" in bench_plan.table(rows)
     text = bench_plan.summary(rows)
