@@ -227,13 +227,19 @@ def pace_text(attempt: dict, reference: Pace) -> str:
     return " / ".join(f"{d:+.0%}" for d in drifts(attempt, reference))
 
 
+def _attempts(manifest: dict, layout: str, workload: str) -> list[dict]:
+    """A row's runs with the machine's pace around each (and the seed of one measured again); none for a pass
+    measured before the pace was."""
+    return manifest.get("pace", {}).get(layout, {}).get("runs", {}).get(workload, [])
+
+
 def run_pace(manifest: dict, layout: str, workload: str) -> tuple[str, bool]:
     """How the machine's pace stood around a row's (last) run, as text, and whether it stayed steady; ("", True)
     for a pass measured before the pace was."""
-    pace = manifest.get("pace", {}).get(layout)
-    if pace is None or workload not in pace["runs"]:
+    attempts = _attempts(manifest, layout, workload)
+    if not attempts:
         return "", True
-    reference, attempts = Pace(**pace["reference"]), pace["runs"][workload]
+    reference = Pace(**manifest["pace"][layout]["reference"])
     again = " (measured again)" if len(attempts) > 1 else ""
     return pace_text(attempts[-1], reference) + again, not unsteady(attempts[-1], reference)
 
@@ -241,13 +247,13 @@ def run_pace(manifest: dict, layout: str, workload: str) -> tuple[str, bool]:
 def cached_again(manifest: dict, layout: str, workload: str) -> bool:
     """A run measured again on its first run's prompts (the passes of 2026-11-27 15:37 and 16:07, before runs
     measured again took a seed of their own): they were in the prefix cache, so it measured the cache."""
-    attempts = manifest.get("pace", {}).get(layout, {}).get("runs", {}).get(workload, [])
+    attempts = _attempts(manifest, layout, workload)
     return len(attempts) > 1 and "seed" not in attempts[-1]
 
 
 def run_seed(manifest: dict, layout: str, workload: str) -> int:
     """The seed of a row's (last) run: its workload's, or the one a run measured again had."""
-    attempts = manifest.get("pace", {}).get(layout, {}).get("runs", {}).get(workload, [])
+    attempts = _attempts(manifest, layout, workload)
     return attempts[-1].get("seed", manifest["seeds"][workload]) if attempts else manifest["seeds"][workload]
 
 
