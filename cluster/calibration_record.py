@@ -26,19 +26,22 @@ VERSION = 1
 class CalibrationRecord:
     """The phases of one calibration (`cluster.serving_calibration`'s module doc): `replicas` colocated workers;
     the idle requests' and the loaded phase's outcomes, the load's requests, the beside rounds (None: one
-    worker, no beside phase)."""
+    worker, no beside phase), and each worker's engine steps while the load ran (`runtime.step_trace` lines;
+    None: a record of before they were kept)."""
 
     replicas: int
     idle: list[Outcome]
     requests: list[SimRequest]
     loaded: list[Outcome]
     beside: list[BesideRound] | None = None
+    loaded_steps: dict[str, list[dict]] | None = None
 
     def save(self, path: str | Path) -> None:
         data = {"version": VERSION, "replicas": self.replicas, "idle": [dataclasses.asdict(o) for o in self.idle],
                 "requests": [[r.arrival_s, list(r.prompt), r.output_len] for r in self.requests],
                 "loaded": [dataclasses.asdict(o) for o in self.loaded],
-                "beside": None if self.beside is None else [_round_dict(r) for r in self.beside]}  # fmt: skip
+                "beside": None if self.beside is None else [_round_dict(r) for r in self.beside],
+                "loaded_steps": self.loaded_steps}  # fmt: skip
         Path(path).write_text(json.dumps(data) + "\n")
 
     @classmethod
@@ -50,7 +53,7 @@ class CalibrationRecord:
         return cls(data["replicas"], [Outcome(**o) for o in data["idle"]],
                    [SimRequest(a, tuple(p), n) for a, p, n in data["requests"]],
                    [Outcome(**o) for o in data["loaded"]],
-                   None if beside is None else [_round(r) for r in beside])  # fmt: skip
+                   None if beside is None else [_round(r) for r in beside], data.get("loaded_steps"))  # fmt: skip
 
 
 def _round_dict(r: BesideRound) -> dict:

@@ -32,16 +32,21 @@ About two minutes on 2 cores, besides the deployments' starts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import statistics
+import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
-from cluster import calibration_beside
+from cluster import calibration_beside, calibration_steps
 from cluster.calibration_client import Outcome, drive, one, prompt
 from cluster.calibration_record import CalibrationRecord
-from costmodel import Profile, StepShape
+from costmodel import Profile, ServingCost, StepShape
 from planner.workload import SimRequest, WorkloadSpec
+from runtime import step_trace
 
 IDLE_REQUESTS, IDLE_PROMPT, IDLE_OUTPUT = 10, 256, 32
 NOTE_START = "serving calibrated"
@@ -56,24 +61,38 @@ def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: C
 
     from cluster.deployment import connect_ray
 
-    connect_ray(None)
-    try:
-        beside = None
-        if replicas > 1:
-            spec = calibration_beside.beside_spec(model, profile.torch_threads, replicas)
-            beside = calibration_beside.beside_phase(spec, profile.model.vocab_size, on_progress=on_progress)
-        idle, requests, loaded = _colocated_phases(profile, model, replicas, on_progress)
-    finally:
-        ray.shutdown()
-    record = CalibrationRecord(replicas, idle, requests, loaded, beside)
+    with tempfile.TemporaryDirectory(prefix="tandem-calibration-") as traces, _step_traces_to(traces):
+        connect_ray(None)  # the embedded Ray's workers inherit TANDEM_STEP_TRACE from here
+        try:
+            beside = None
+            if replicas > 1:
+                spec = calibration_beside.beside_spec(model, profile.torch_threads, replicas)
+                beside = calibration_beside.beside_phase(spec, profile.model.vocab_size, on_progress=on_progress)
+            idle, requests, loaded, window = _colocated_phases(profile, model, replicas, on_progress)
+        finally:
+            ray.shutdown()
+        steps = calibration_steps.loaded_steps(traces, *window)
+    record = CalibrationRecord(replicas, idle, requests, loaded, beside, steps)
     if record_to is not None:
         record.save(record_to)
     return fitted(profile, record)
 
 
+@contextlib.contextmanager
+def _step_traces_to(folder: str):
+    """`runtime.step_trace` on in every worker started meanwhile, into `folder`; the variable as it was after."""
+    before = os.environ.get(step_trace.ENV)
+    os.environ[step_trace.ENV] = folder
+    try:
+        yield
+    finally:
+        os.environ.pop(step_trace.ENV) if before is None else os.environ.__setitem__(step_trace.ENV, before)
+
+
 def _colocated_phases(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None],
-                      ) -> tuple[list[Outcome], list[SimRequest], list[Outcome]]:  # fmt: skip
-    """The idle and loaded phases on `replicas` colocated workers: (idle outcomes, the load, its outcomes)."""
+                      ) -> tuple[list[Outcome], list[SimRequest], list[Outcome], tuple[float, float]]:  # fmt: skip
+    """The idle and loaded phases on `replicas` colocated workers: (idle outcomes, the load, its outcomes, when
+    the load ran: monotonic start and end)."""
     from cluster.deployment import Deployment
     from cluster.spec import parse_spec
 
@@ -93,21 +112,24 @@ def _colocated_phases(profile: Profile, model: str | None, replicas: int, on_pro
         idle = one_at_a_time(range(half))
         requests = _load(profile, replicas)
         on_progress(f"serving calibration: {len(requests)} requests at {len(requests) / requests[-1].arrival_s:.2f}/s")
+        start = time.monotonic()
         loaded = drive(server, requests)
+        window = (start, time.monotonic())
         on_progress("serving calibration: one request at a time, again")
         idle += one_at_a_time(range(half, IDLE_REQUESTS))
     finally:
         deployment.stop()
-    return idle, requests, loaded
+    return idle, requests, loaded, window
 
 
 def fitted(profile: Profile, record: CalibrationRecord) -> Profile:
     """`profile` with its serving costs fitted to what a calibration measured (`record`): now, or again later
-    from a kept record after the model changed."""
+    from a kept record after the model changed. Serving's time around the steps and their factors come from
+    the loaded phase's steps (`cluster.calibration_steps`) where the record has them, else solved from TPOTs
+    (`_fitted_to_tpot`: records of before the steps were kept)."""
     from runtime.arrival_window import ArrivalWindowConfig
 
-    replicas, idle, requests, loaded, beside = (record.replicas, record.idle, record.requests, record.loaded,
-                                                record.beside)  # fmt: skip
+    replicas, idle, beside = record.replicas, record.idle, record.beside
     serving = profile.serving
     ttft = statistics.median(o.ttft for o in idle)
     prefill = statistics.median(o.phases.get("prefill_s", 0.0) for o in idle)
@@ -119,6 +141,38 @@ def fitted(profile: Profile, record: CalibrationRecord) -> Profile:
     beside_prefill_factor = calibration_beside.beside_prefill_factor(profile, beside) if beside else None
     serving = dataclasses.replace(serving, **calibration_beside.prompt_contention(beside or []),
                                   beside_prefill_factor=beside_prefill_factor)  # fmt: skip
+    factors = calibration_steps.step_factors(profile, record.loaded_steps) if record.loaded_steps else None
+    if factors is not None:
+        gap = calibration_steps.round_gap(record.loaded_steps)
+        serving = dataclasses.replace(serving, **factors, per_round_s=serving.per_round_s if gap is None else gap)
+        loaded_fit = ", ".join(f"{k} {v:.3f}" for k, v in factors.items()) + \
+            f", per_round_s {serving.per_round_s * 1e3:.1f} ms (from {sum(map(len, record.loaded_steps.values()))} " \
+            f"served steps of the load)"  # fmt: skip
+    else:
+        serving, loaded_fit = _fitted_to_tpot(profile, serving, record)
+    real_tpot = _mean_tpot(record.loaded)
+    check = _simulated_tpot(dataclasses.replace(profile, serving=serving), replicas, record.requests)
+    prompt_fit = "" if prefill_factor is None else \
+        f"prefill_factor {prefill_factor:.3f} idle (profiled {profiled_prefill * 1e3:.0f} ms), "
+    if beside:
+        prompt_fit += (f"prompt_contention_s {serving.prompt_contention_s * 1e3:.1f} ms + "
+                       f"{serving.prompt_contention_per_token_s * 1e6:.1f} us a prompt token beside a decoding "
+                       f"worker ({calibration_beside.summary(beside)}), ")  # fmt: skip
+    if serving.beside_prefill_factor is not None:
+        prompt_fit += f"beside_prefill_factor {serving.beside_prefill_factor:.3f}, "
+    note = (f"{NOTE_START} on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
+            f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), {prompt_fit}{loaded_fit}; the load's TPOT "
+            f"served {real_tpot * 1e3:.1f} ms, simulated on these {check * 1e3:.1f} ms")  # fmt: skip
+    kept = tuple(n for n in profile.notes if not n.startswith(NOTE_START))  # an earlier calibration's note goes
+    return dataclasses.replace(profile, serving=serving, notes=(*kept, note))
+
+
+def _fitted_to_tpot(profile: Profile, serving: ServingCost, record: CalibrationRecord) -> tuple[ServingCost, str]:
+    """Serving's time per step and the steps' factors solved from TPOTs, for a record without the loaded
+    phase's steps: with several workers `per_round_s` from the idle TPOT (no neighbour contending:
+    `alone_step_factor` 1.0) and `step_factor` from the loaded one; with one worker `per_round_s` from the
+    loaded TPOT. (What the served steps showed: the module doc of `cluster.calibration_steps`.)"""
+    replicas, idle, requests = record.replicas, record.idle, record.requests
     alone = ""
     if replicas > 1:  # serving's own time around each step, measured where no neighbour contends
         idle_tpot = _mean_tpot(idle)
@@ -130,7 +184,7 @@ def fitted(profile: Profile, record: CalibrationRecord) -> Profile:
 
         serving = dataclasses.replace(serving, per_round_s=_solved(alone_tpot, idle_tpot, 0.0, 0.1))
         alone = f", per_round_s {serving.per_round_s * 1e3:.1f} ms (served TPOT {idle_tpot * 1e3:.1f} ms idle)"
-    real_tpot = _mean_tpot(loaded)
+    real_tpot = _mean_tpot(record.loaded)
     # Several workers contend for the host: a share of every step. One worker: serving's own time per step.
     name, low, high = ("step_factor", 1.0, 8.0) if replicas > 1 else ("per_round_s", 0.0, 0.1)
 
@@ -144,19 +198,7 @@ def fitted(profile: Profile, record: CalibrationRecord) -> Profile:
                   else f"per_round_s {serving.per_round_s * 1e3:.1f} ms")  # fmt: skip
     if not reachable:  # the served TPOT is outside what the search reaches: say so, do not pass a bound as a fit
         loaded_fit += f" (a bound of its search [{low:g}, {high:g}]: the served TPOT lies beyond it)"
-    prompt_fit = "" if prefill_factor is None else \
-        f"prefill_factor {prefill_factor:.3f} (profiled {profiled_prefill * 1e3:.0f} ms), "
-    if beside:
-        prompt_fit += (f"prompt_contention_s {serving.prompt_contention_s * 1e3:.1f} ms + "
-                       f"{serving.prompt_contention_per_token_s * 1e6:.1f} us a prompt token beside a decoding "
-                       f"worker ({calibration_beside.summary(beside)}), ")  # fmt: skip
-    if serving.beside_prefill_factor is not None:
-        prompt_fit += f"beside_prefill_factor {serving.beside_prefill_factor:.3f}, "
-    note = (f"{NOTE_START} on {replicas} colocated worker(s): request_s {request_s * 1e3:.1f} ms (idle TTFT "
-            f"{ttft * 1e3:.0f} ms, its prefill {prefill * 1e3:.0f} ms), {prompt_fit}{loaded_fit} (served TPOT "
-            f"{real_tpot * 1e3:.1f} ms under load){alone}")  # fmt: skip
-    kept = tuple(n for n in profile.notes if not n.startswith(NOTE_START))  # an earlier calibration's note goes
-    return dataclasses.replace(profile, serving=serving, notes=(*kept, note))
+    return serving, f"{loaded_fit} solved from the load's TPOT{alone}"
 
 
 def _solved(simulated: Callable[[float], float], target: float, low: float, high: float) -> float:

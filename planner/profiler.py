@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from planner.fit import StepSample
-from planner.step_shapes import shape_of
+from planner.step_shapes import RecordingRunner
 
 
 @dataclass(frozen=True)
@@ -57,27 +57,12 @@ class ProfileGrid:
         return cls((8, 32, 96), 1, (32,), (16,), (1, 4, 8), (16, 48), 4, 400, (2,), (24,), rounds=2)
 
 
-class _RecordingRunner:
-    """The engine's runner, plus the shape of the step it is asked to prepare (read before the step moves
-    its requests on)."""
-
-    def __init__(self, inner):
-        self.inner, self.last_shape = inner, None
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def prepare(self, scheduled):
-        self.last_shape = shape_of(scheduled)
-        return self.inner.prepare(scheduled)
-
-
 class StepProfiler:
     """Drives an engine through a `ProfileGrid`, keeping one `StepSample` per step."""
 
     def __init__(self, engine: LLMEngine, seed: int = 0, on_progress: Callable[[str], None] = lambda what: None):
         self.engine, self.rng, self.on_progress = engine, random.Random(seed), on_progress
-        self.runner = _RecordingRunner(engine.runner)
+        self.runner = RecordingRunner(engine.runner)
         self.samples: list[StepSample] = []
         self._ids = 0
         vocab = engine.config.model.vocab_size

@@ -25,3 +25,21 @@ def shape_of(scheduled: Sequence[ScheduledRequest]) -> StepShape:
             pairs += chunk_attention_pairs(new, context)
             prefill_ctx += new + context
     return StepShape(tokens, len(scheduled), sampled, decode_ctx, pairs, prefill_ctx, longest)
+
+
+class RecordingRunner:
+    """An engine's runner, plus the shape of the step it was last asked to prepare (read before the step moves
+    its requests on) and its prompt tokens (the prefill chunks'; the rest are decode rows). The profiler and a
+    served worker's step trace (`runtime.step_trace`) put one in place of `engine.runner`; `last_shape` is
+    theirs to take (and to set back to None)."""
+
+    def __init__(self, inner):
+        self.inner, self.last_shape, self.last_prompt_tokens = inner, None, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prepare(self, scheduled):
+        self.last_shape = shape_of(scheduled)
+        self.last_prompt_tokens = sum(s.num_new_tokens for s in scheduled if not s.is_decode)
+        return self.inner.prepare(scheduled)

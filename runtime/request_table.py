@@ -42,6 +42,7 @@ from runtime.loop import LoopWorker
 from runtime.rank_links import RankLinks
 from runtime.router_lease import RouterLease, due
 from runtime.step_threads import StepThreads
+from runtime.step_trace import step_trace_from_env
 from runtime.transfer_service import Released
 from runtime.worker_config import WorkerConfig
 from wire.codec import decode
@@ -66,6 +67,7 @@ class RequestTable(LoopWorker):
         self.compiles = GrammarCompiles(engine.grammars, deliver, config.name, config.grammar_compile_timeout_s,
                                         config.max_grammar_compiles_waiting)  # fmt: skip
         self.step_threads = StepThreads()  # built on the loop thread (`runtime.loop.WorkerLoop`)
+        self.trace = step_trace_from_env(engine, config.name)  # TANDEM_STEP_TRACE: each step's shape and time
         self.tp_size = engine.config.parallel.tp_size
         self.ranks: RankLinks | None = None  # tensor parallel: links to the follower ranks
         self.records: dict = {}  # insertion order: oldest first
@@ -136,7 +138,7 @@ class RequestTable(LoopWorker):
         they held; each record hears STEP_FAILED; `failed_step` says whose failure it was)."""
         self.step_threads.leave_one(self.compiles.busy)
         try:
-            return self.engine.step()
+            return self.trace.step(self.engine.step) if self.trace is not None else self.engine.step()
         except EngineStepError as err:
             self.failure_attributed = err.attributed
             for request_id in err.request_ids:

@@ -23,6 +23,7 @@ from wire.socket_security import refusals
 from prefill_worker.actor import prefill_worker_maker
 from prefill_worker.worker import PrefillWorkerConfig
 from runtime.hosting import HostedWorker
+from runtime.step_trace import read_step_trace
 from tests.conftest import hf_greedy
 from tests.e2e.harness import GREEDY, PROMPTS, Driver, abort_request, request, run_requests, start_request, wait_for
 
@@ -301,3 +302,24 @@ def test_past_the_compile_queue_bound_a_new_grammar_is_refused_as_busy_at_once_o
         assert plain["plain"].token_ids == hf_greedy(model_dir, PROMPTS["long"], 8)
         text = AutoTokenizer.from_pretrained(model_dir).decode(later["later"].token_ids, skip_special_tokens=True)
         assert text in ("yes", "no", "maybe")
+
+
+def test_step_trace_writes_each_served_step_with_its_shape(tiny_model_dirs, tmp_path, monkeypatch):
+    """TANDEM_STEP_TRACE: each worker appends a line per engine step (its shape and seconds), as its loop ran it."""
+    monkeypatch.setenv("TANDEM_STEP_TRACE", str(tmp_path))
+    with _workers(tiny_model_dirs["llama"]) as (decode, prefill, stream):
+        run_requests(stream, PROMPTS, lambda i: (decode, prefill))
+    traces = {path.name.split("-")[0]: read_step_trace(path) for path in tmp_path.glob("*.jsonl")}
+    assert sorted(traces) == ["decode", "prefill"]
+    prefill_steps, decode_steps = traces["prefill"], traces["decode"]
+    # Prefill computes every prompt and samples its first token (shared-b's first 2 blocks come from the cache
+    # when shared-a was computed in an earlier step, not beside it).
+    total = sum(map(len, PROMPTS.values()))
+    assert sum(s["sampled_rows"] for s in prefill_steps) == len(PROMPTS)
+    assert sum(s["tokens"] for s in prefill_steps) in (total - 32, total)
+    # Decode runs tokens 2..8 of each request, one row a step each, after the context it received.
+    assert all(s["tokens"] == s["sequences"] == s["sampled_rows"] and s["decode_context_tokens"] > 0
+               for s in decode_steps)  # fmt: skip
+    assert sum(s["tokens"] for s in decode_steps) == len(PROMPTS) * (GREEDY.max_tokens - 1)
+    for steps in (prefill_steps, decode_steps):
+        assert all(s["s"] > 0 for s in steps) and [s["t"] for s in steps] == sorted(s["t"] for s in steps)

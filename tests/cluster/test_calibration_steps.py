@@ -1,0 +1,75 @@
+"""The serving calibration's fit from served steps (`runtime.step_trace` lines), on steps made by hand: the step
+factors and the loop's time between steps come out as they were put in."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cluster import calibration_steps as steps
+from cluster import serving_calibration as calibration
+from cluster.calibration_record import CalibrationRecord
+from costmodel import StepShape
+from tests.cluster.test_serving_calibration import _outcomes, _profile
+
+
+def _line(t: float, seconds: float, shape: StepShape, prompt_tokens: int = 0) -> dict:
+    return {"t": t, "s": seconds, **dataclasses.asdict(shape), "prompt_tokens": prompt_tokens}
+
+
+def _worker(profile, shapes, factor_of, start=0.0, gap=0.001, pause_every=0, pause_s=1.0):
+    """Steps one after another, each `gap` after the last (a pause of `pause_s` every `pause_every` steps)."""
+    lines, t = [], start
+    for i, (shape, prompt_tokens) in enumerate(shapes):
+        seconds = profile.step_seconds(shape) * factor_of(t, shape, prompt_tokens)
+        lines.append(_line(t, seconds, shape, prompt_tokens))
+        t += seconds + gap + (pause_s if pause_every and (i + 1) % pause_every == 0 else 0.0)
+    return lines
+
+
+def test_one_worker_gets_a_factor_for_decode_rows_one_for_prompt_tokens_and_its_round_gap():
+    profile = _profile()
+    decode, mixed = StepShape.decode(8, 300), StepShape.of([(256, 0, True)], [300] * 4)  # mixed: 256 of 260 prompt
+    shapes = [(decode, 0)] * 60 + [(mixed, 256)] * 10
+    share = 256 / 260
+
+    def factor(t, shape, prompt_tokens):
+        return 1.5 * share + 1.2 * (1 - share) if prompt_tokens else 1.2
+
+    lines = {"decode-0-1": _worker(profile, shapes, factor)}
+    assert steps.step_factors(profile, lines) == {"step_factor": pytest.approx(1.2), "prefill_factor": pytest.approx(1.5)}
+    assert steps.round_gap(lines) == pytest.approx(0.001)
+    few_prompts = {"decode-0-1": lines["decode-0-1"][:64]}  # 4 steps with prompt tokens: the idle factor is kept
+    assert set(steps.step_factors(profile, few_prompts)) == {"step_factor"}
+    assert steps.step_factors(profile, {"decode-0-1": lines["decode-0-1"][:10]}) is None  # too few to fit
+
+
+def test_several_workers_get_the_line_from_a_step_alone_to_one_beside_a_stepping_neighbour():
+    profile = _profile()
+    decode = StepShape.decode(4, 200)
+    busy_b = _worker(profile, [(decode, 0)] * 40, lambda *_: 1.0, start=0.0, pause_every=10, pause_s=2.0)
+
+    def stepping(t):  # whether worker b is inside a step at t
+        return any(s["t"] <= t < s["t"] + s["s"] for s in busy_b)
+
+    a = _worker(profile, [(decode, 0)] * 200, lambda t, *_: 1.3 if stepping(t) else 1.0, start=0.0)
+    fitted = steps.step_factors(profile, {"decode-0-1": a, "decode-1-2": busy_b})
+    # b's own steps: beside a for most of them, at 1.0: the line pulls them in, so a's ends are not exact
+    assert fitted["alone_step_factor"] == pytest.approx(1.0, abs=0.06)
+    assert fitted["step_factor"] > fitted["alone_step_factor"] + 0.1
+    assert steps.overlap(a[0], [busy_b]) > 0.9 and steps.overlap(a[-1], [busy_b]) == 0.0  # b long done by then
+
+
+def test_a_record_with_the_loads_steps_is_fitted_from_them_and_kept_with_them(tmp_path):
+    profile = _profile()
+    idle, requests, loaded = _outcomes(profile, 1, 0.02, 0.05)
+    lines = {"decode-0-1": _worker(profile, [(StepShape.decode(6, 400), 0)] * 40, lambda *_: 1.25, gap=0.002)}
+    record = CalibrationRecord(1, idle, requests, loaded, loaded_steps=lines)
+    fitted = calibration.fitted(profile, record)
+    assert fitted.serving.step_factor == pytest.approx(1.25) and fitted.serving.per_round_s == pytest.approx(0.002)
+    assert "from 40 served steps of the load" in fitted.notes[-1]
+    record.save(tmp_path / "calibration.json")
+    assert CalibrationRecord.load(tmp_path / "calibration.json") == record
+    without = calibration.fitted(profile, CalibrationRecord(1, idle, requests, loaded))  # an older record
+    assert without.serving.step_factor == 1.0 and "solved from the load's TPOT" in without.notes[-1]
