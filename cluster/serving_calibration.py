@@ -145,6 +145,10 @@ def fitted(profile: Profile, record: CalibrationRecord) -> Profile:
     if factors is not None:
         gap = calibration_steps.round_gap(record.loaded_steps)
         serving = dataclasses.replace(serving, **factors, per_round_s=serving.per_round_s if gap is None else gap)
+        if serving.beside_prefill_factor is not None and serving.alone_step_factor is not None:
+            # measured as 1 + the stream's extra time per token over its quiet second: its base is now measured too
+            serving = dataclasses.replace(serving, beside_prefill_factor=serving.beside_prefill_factor - 1.0
+                                          + serving.alone_step_factor)  # fmt: skip
         loaded_fit = ", ".join(f"{k} {v:.3f}" for k, v in factors.items()) + \
             f", per_round_s {serving.per_round_s * 1e3:.1f} ms (from {sum(map(len, record.loaded_steps.values()))} " \
             f"served steps of the load)"  # fmt: skip
