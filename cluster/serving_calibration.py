@@ -11,21 +11,23 @@ drives it in phases:
             share of the time to first token is what is left of it after the prefill the worker measured
             and the arrival window (`request_s`); that prefill against the profile's price of its step gives
             `prefill_factor` (prompt tokens are compute-bound: the factor for them is not the decode
-            steps'); with several workers, its TPOT against the simulator's gives `per_round_s`, serving's
-            own time around each step (its I/O thread, the router on the same cores), with no neighbour
-            contending (`alone_step_factor` 1.0);
+            steps');
   beside    with several workers, first, in a deployment of its own (`cluster.calibration_beside`): prompts
             prefilled on one worker while another decodes a long stream, each against its quiet twin just
             after, give the line of `prompt_contention_s` and `prompt_contention_per_token_s`, and the
             stream's time per token while they prefill against before them `beside_prefill_factor`;
-  loaded    Poisson arrivals at about half the pool's capacity: its mean TPOT against the simulator's on the
-            same requests gives, with several workers, `step_factor` (the served step over the profiled one
-            while the host's other workers step too: they contend for its cores and memory), and with one
-            worker `per_round_s`. Serving's overhead is a time per step, not a share of it: against the four
-            real loads of bench_plan's run of 2026-11-26 17:52, a factor on the lone worker's every step
-            (1.40) over-predicted TPOT p50 by 10-69%, an added 6 ms a step missed by 6% at most; with several
-            workers, a factor fitted one request at a time (1.30) over-predicted the TPOT of batches of 12 by
-            16-28% (2026-11-26 19:56-20:47). Each value is found by bisection on the simulation.
+  loaded    Poisson arrivals at about half the pool's capacity, every worker tracing its engine steps
+            (`runtime.step_trace`): each served step against its profiled price gives the step factors, the
+            time between two steps `per_round_s` (`cluster.calibration_steps`): with one worker
+            `step_factor` for decode rows and `prefill_factor` for prompt tokens under load, with several
+            the line from `alone_step_factor` (no other worker inside a step) to `step_factor` (all of them).
+            The note says what the simulator makes of the load's TPOT on the fitted costs, against the
+            served one.
+
+Before the steps were traced (records without them: `_fitted_to_tpot`), the loaded phase's mean TPOT was
+matched by bisection on the simulation: with one worker by a time per step (`per_round_s`), with several by
+`step_factor`, the time per step then solved from the idle TPOT with `alone_step_factor` 1.0. The served
+steps showed why that missed (`cluster.calibration_steps`' module doc): serving slows the steps themselves.
 
 About two minutes on 2 cores, besides the deployments' starts.
 """

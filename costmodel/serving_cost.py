@@ -12,9 +12,11 @@ share the host with the router, Ray's daemons, the worker's own I/O thread and t
   step_factor        while the host's other workers step too (all of them; 10-25% slower than profiled
                      on the 2-core machines); 1.0 for a kind calibrated as the one worker of its host
   alone_step_factor  while none of the host's other workers has work, or it has none (None: not
-                     measured, `step_factor` throughout); a calibration makes it 1.0 and measures the
-                     time serving adds around each step instead (`per_round_s`: the overhead is a time per
-                     step, not a share of it)
+                     measured, `step_factor` throughout). Serving itself slows a step even with no other
+                     worker at work: the router, the clients and Ray share the cores, and a step's thread
+                     they preempt holds the others at its next barrier. Served steps traced under load
+                     (`cluster.calibration_steps`, Intel Xeon AVX-512, 2 cores, 2026-11-27) ran 1.1-1.3x
+                     their profiled time, with ~1 ms between two steps (`per_round_s`)
 
 Between the two, the factor moves with the share of the other workers that decode (`factor_at`, of
 `Neighbours.decoding`: decode and colocated workers with work): decode steps are memory-bound and contend

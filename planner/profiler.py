@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from planner.fit import StepSample
-from planner.step_shapes import RecordingRunner
+from runtime.step_shapes import RecordingRunner
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from engine.llm_engine import LLMEngine
-from planner.step_shapes import RecordingRunner
+from runtime.step_shapes import RecordingRunner
 
 ENV = "TANDEM_STEP_TRACE"
 T = TypeVar("T")

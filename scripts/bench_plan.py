@@ -115,8 +115,8 @@ def error(pred: float, real: float) -> float:
     return pred / real - 1 if real else float("nan")
 
 
-def abs_errors(rows: list[dict], key: str) -> list[float]:
-    return [abs(error(r["pred"][key], r["real"][key])) for r in rows]
+def abs_errors(rows: list[dict], key: str, pred: str = "pred") -> list[float]:
+    return [abs(error(r[pred][key], r["real"][key])) for r in rows]
 
 
 def table(rows: list[dict]) -> str:
@@ -140,13 +140,19 @@ def summary(rows: list[dict]) -> str:
     if len(steady) < len(rows):
         text += (f"\n\nThe {len(steady)} of {len(rows)} runs around which the machine's pace stayed within "
                  f"{PACE_TOLERANCE:.0%} of its calibration's:\n\n" + (_summary_table(steady) if steady else "none"))
+    paced = [r for r in rows if "pred_paced" in r]
+    if paced:
+        text += (f"\n\nThe model on the machine as it ran ({len(paced)} runs: each prediction made again with the "
+                 "profile's step costs scaled by the pace probe around the run over its calibration's, "
+                 "`paced_profile`; the machine's drift, not the model's error):\n\n"
+                 + _summary_table(paced, "pred_paced"))  # fmt: skip
     return text
 
 
-def _summary_table(rows: list[dict]) -> str:
+def _summary_table(rows: list[dict], pred: str = "pred") -> str:
     lines = ["| metric | median abs error | worst | runs within 10% / 25% |", "|---|---|---|---|"]
     for key, label in METRICS:
-        errors = abs_errors(rows, key)
+        errors = abs_errors(rows, key, pred)
         within = f"{sum(e <= 0.10 for e in errors)} / {sum(e <= 0.25 for e in errors)} of {len(errors)}"
         lines.append(f"| {label} | {statistics.median(errors):.0%} | {max(errors):.0%} | {within} |")
     return "\n".join(lines)
@@ -289,6 +295,37 @@ def predict_pass(folder: Path, manifest: dict, rows: list[dict], cached_profiles
         workload = by_name[r["workload"]]
         r["pred"] = predicted(layout, workload, r["seed"], folder / result_name("pred", r["layout"], workload.name),
                               profiles[r["layout"]])  # fmt: skip
+        attempts = _attempts(manifest, r["layout"], r["workload"])
+        if attempts and profiles[r["layout"]] is not None:
+            reference = Pace(**manifest["pace"][r["layout"]]["reference"])
+            paced = paced_profile(profiles[r["layout"]], attempts[-1], reference,
+                                  folder / result_name("paced-profile", r["layout"], workload.name))  # fmt: skip
+            out = folder / result_name("pred-paced", r["layout"], workload.name)
+            r["pred_paced"] = predicted(layout, workload, r["seed"], out, paced)
+
+
+# The step cost terms a memory-bound (decode-like) piece of work paces, and the compute-bound (prefill-like) ones.
+DECODE_TERMS = ("fixed_s", "weights_s", "per_sampled_row_s", "per_sequence_s", "per_decode_context_token_s",
+                "per_longest_decode_context_s")  # fmt: skip
+PREFILL_TERMS = ("per_token_s", "per_token_comm_s", "per_attention_pair_s", "per_prefill_context_token_s")
+
+
+def paced_profile(path: Path, attempt: dict, reference: Pace, out: Path) -> Path:
+    """The profile at `path` on the machine as it ran around one run: each step cost term scaled by the pace
+    probe's piece of its kind (`DECODE_TERMS`, `PREFILL_TERMS`), the mean of before and after the run over its
+    value just after the calibration; written to `out`. What is left of the error is the model's."""
+    import dataclasses
+
+    from costmodel import Profile, StepCost
+
+    before, after = Pace(**attempt["before"]), Pace(**attempt["after"])
+    decode = (before.decode_ms + after.decode_ms) / 2 / reference.decode_ms
+    prefill = (before.prefill_ms + after.prefill_ms) / 2 / reference.prefill_ms
+    profile = Profile.load(path)
+    pace = {**dict.fromkeys(DECODE_TERMS, decode), **dict.fromkeys(PREFILL_TERMS, prefill)}
+    terms = {k: v * pace[k] for k, v in profile.step.to_dict().items()}  # a new term: a KeyError until placed here
+    dataclasses.replace(profile, step=StepCost(**terms)).save(out)
+    return out
 
 
 def refitted(path: Path) -> Path:

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 from costmodel import Neighbours, Profile, StepShape
 from engine.sampler import SamplerOutput
 from engine.scheduler import ScheduledRequest
-from planner.step_shapes import shape_of
+from runtime.step_shapes import shape_of
 
 
 class SimClock:

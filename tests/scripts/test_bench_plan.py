@@ -117,3 +117,21 @@ def test_the_machine_pace_is_measured_on_the_threads_asked_for():
     threads = torch.get_num_threads()
     pace = machine_pace(1)
     assert pace.decode_ms > 0 and pace.prefill_ms > 0 and torch.get_num_threads() == threads  # put back
+
+
+def test_a_paced_profile_scales_memory_bound_terms_by_the_decode_piece_and_compute_bound_by_the_prefill_one(tmp_path):
+    """The model on the machine as it ran: a run 20% slower on the decode-like piece and 10% on the prefill-like
+    one (the mean of before and after) prices a decode row 1.2x and a prompt token 1.1x; serving's costs stay."""
+    from costmodel import Profile, StepCost
+    from machine_pace import Pace
+    from tests.cluster.test_serving_calibration import _profile
+
+    profile = _profile()
+    path = tmp_path / "profile.json"
+    profile.save(path)
+    attempt = {"before": {"decode_ms": 11.0, "prefill_ms": 10.0}, "after": {"decode_ms": 13.0, "prefill_ms": 12.0}}
+    paced = Profile.load(bench_plan.paced_profile(path, attempt, Pace(10.0, 10.0), tmp_path / "paced.json"))
+    assert paced.step.fixed_s == pytest.approx(profile.step.fixed_s * 1.2)
+    assert paced.step.per_token_s == pytest.approx(profile.step.per_token_s * 1.1)
+    assert paced.serving == profile.serving
+    assert set(StepCost().to_dict()) == set(bench_plan.DECODE_TERMS) | set(bench_plan.PREFILL_TERMS)

@@ -1,4 +1,5 @@
-"""The cost model's view of a step the engine's scheduler made (`costmodel.StepShape`)."""
+"""The cost model's view of a step the engine's scheduler made (`costmodel.StepShape`): what a served worker's
+step trace records (`runtime.step_trace`), the profiler times and the simulator prices."""
 
 from __future__ import annotations
 
