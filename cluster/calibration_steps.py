@@ -18,6 +18,7 @@ own (`overlap`, from their traces): the fit is the line `alone + (beside - alone
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from pathlib import Path
 
@@ -29,8 +30,7 @@ from runtime.step_trace import read_step_trace
 MAX_ROUND_GAP_S = 0.05  # a longer wait between two steps is the loop idle (no work), not its round
 MIN_STEPS = 20  # fewer served steps than this fit nothing (the load was too short)
 MIN_PROMPT_STEPS = 5  # fewer steps with prompt tokens: the idle phase's prefill factor is kept
-_SHAPE = ("tokens", "sequences", "sampled_rows", "decode_context_tokens", "prefill_attention_pairs",
-          "prefill_context_tokens", "longest_decode_context")  # fmt: skip
+_SHAPE = tuple(f.name for f in dataclasses.fields(StepShape))  # a trace line's keys that are its step's shape
 
 
 def loaded_steps(folder: str | Path, start: float, end: float) -> dict[str, list[dict]]:

@@ -88,7 +88,10 @@ def _step_traces_to(folder: str):
     try:
         yield
     finally:
-        os.environ.pop(step_trace.ENV) if before is None else os.environ.__setitem__(step_trace.ENV, before)
+        if before is None:
+            del os.environ[step_trace.ENV]
+        else:
+            os.environ[step_trace.ENV] = before
 
 
 def _colocated_phases(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None],

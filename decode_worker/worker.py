@@ -188,7 +188,7 @@ class DecodeWorker(RequestTable):
         return LoopSnapshot(load, idle, kv.num_free_blocks == kv.pool.num_blocks)
 
     def close(self) -> None:
-        self.compiles.close()
+        self.close_shared()
         for record in list(self.records.values()):
             if record.phase is Phase.COMPILING:  # not taken: its reserve is refused, its client saw nothing
                 record.call.answer(ReserveRefused(record.request_id, "decode worker shut down", retryable=True))

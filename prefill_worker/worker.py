@@ -136,7 +136,7 @@ class PrefillWorker(RequestTable):
         return LoopSnapshot(load, not self.records, kv.num_free_blocks == kv.pool.num_blocks)
 
     def close(self) -> None:
-        self.compiles.close()
+        self.close_shared()
         for record in [r for r in self.records.values() if r.phase is Phase.COMPILING]:  # nothing queued yet
             record.call.answer(None, RuntimeError("prefill worker shut down"))
             del self.records[record.request_id]

@@ -23,7 +23,7 @@ the release of a request's blocks by every rank that may touch them:
 `start_release` asks this rank's I/O thread and each follower to let go,
 `let_go` counts their acknowledgements (a follower that does not answer within
 the ack timeout is logged and let go of). Every event is the role's (`events`);
-each role's `close` closes `compiles`.
+each role's `close` calls `close_shared` (the compile thread, the step trace).
 """
 
 from __future__ import annotations
@@ -154,6 +154,12 @@ class RequestTable(LoopWorker):
             call.answer(ReserveRefused(request_id, str(err), retryable=True, busy=True))
             return False
         return True
+
+    def close_shared(self) -> None:
+        """What every role's `close` ends first: the grammar compile thread and, when on, the step trace's file."""
+        self.compiles.close()
+        if self.trace is not None:
+            self.trace.close()
 
     def failed_step(self) -> bool | None:
         """What the loop counts for the step that just failed (`runtime.loop.LoopWorker.step`): False, this

@@ -37,7 +37,6 @@ class StepTrace:
         engine.runner = self.runner
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "a", buffering=1)  # a line is on disk when written: a killed worker keeps its steps
-        self.path = path
 
     def step(self, run: Callable[[], T]) -> T:
         """`run()` (one engine step), timed; its line is written even when it raises."""
@@ -53,6 +52,7 @@ class StepTrace:
                 self._file.write(json.dumps(line) + "\n")
 
     def close(self) -> None:
+        """The worker is closing (`runtime.request_table.RequestTable.close_shared`): no step follows."""
         self._file.close()
 
 
