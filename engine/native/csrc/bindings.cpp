@@ -1,25 +1,25 @@
 // The Python module of the native CPU kernels: one entry per op in the other files.
-#include <torch/extension.h>
+#include <torch/python.h>  // pybind11 and the Tensor caster, without the C++ frontend of <torch/extension.h>
 
 #include <string>
 #include <vector>
 
-torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                                     torch::Tensor block_table, torch::Tensor seq_lens, double scale);
-void paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                             torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor query_start,
-                             torch::Tensor seqs, double scale, torch::Tensor out);
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
-torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
-torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, torch::Tensor signed_sin);
-torch::Tensor silu_and_mul(torch::Tensor gate_up);
-torch::Tensor small_linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias);
-torch::Tensor pack_linear_weight(torch::Tensor weight);
-torch::Tensor unpack_linear_weight(torch::Tensor packed, int64_t out_features);
-torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
-                            c10::optional<torch::Tensor> bias);
-void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
-                    torch::Tensor slot_mapping);
+at::Tensor paged_decode_attention(at::Tensor query, at::Tensor key_cache, at::Tensor value_cache,
+                                  at::Tensor block_table, at::Tensor seq_lens, double scale);
+void paged_prefill_attention(at::Tensor query, at::Tensor key_cache, at::Tensor value_cache,
+                             at::Tensor block_tables, at::Tensor seq_lens, at::Tensor query_start,
+                             at::Tensor seqs, double scale, at::Tensor out);
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
+at::Tensor add_rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, double eps);
+at::Tensor rotary_(at::Tensor x, int64_t num_heads, at::Tensor cos, at::Tensor signed_sin);
+at::Tensor silu_and_mul(at::Tensor gate_up);
+at::Tensor small_linear(at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias);
+at::Tensor pack_linear_weight(at::Tensor weight);
+at::Tensor unpack_linear_weight(at::Tensor packed, int64_t out_features);
+at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
+                         c10::optional<at::Tensor> bias);
+void write_kv_cache(at::Tensor key, at::Tensor value, at::Tensor key_cache, at::Tensor value_cache,
+                    at::Tensor slot_mapping);
 
 // The vector extensions this build was compiled for (what -march and TANDEM_CPU_MAX_ISA left on).
 std::vector<std::string> built_with() {

@@ -1,7 +1,7 @@
 // The element types the native kernels take (float32 and bfloat16), shared by every kernel file.
 #pragma once
 
-#include <torch/extension.h>
+#include "tensor_api.h"
 
 #include <cstdint>
 #include <cstring>
@@ -42,10 +42,10 @@ inline float round_as(float v) { return to_float(from_float<T>(v)); }
 
 // Calls fn(T{}) with T the C++ type of `x`'s dtype; other dtypes are an error naming the op.
 template <typename Fn>
-void dispatch_float_bf16(const torch::Tensor& x, const char* op, Fn&& fn) {
-  if (x.scalar_type() == torch::kFloat) {
+void dispatch_float_bf16(const at::Tensor& x, const char* op, Fn&& fn) {
+  if (x.scalar_type() == at::kFloat) {
     fn(float{});
-  } else if (x.scalar_type() == torch::kBFloat16) {
+  } else if (x.scalar_type() == at::kBFloat16) {
     fn(c10::BFloat16{});
   } else {
     TORCH_CHECK(false, op, " supports float32 and bfloat16");

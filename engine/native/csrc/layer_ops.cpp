@@ -9,8 +9,7 @@
 //   rotary_        x * cos + rotate_half(x) * sin            (in place, NeoX layout)
 //   silu_and_mul   silu(gate) * up
 //   write_kv_cache cache[slot] = row for every slot >= 0
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -43,7 +42,7 @@ void norm_row(const T* x, const T* w, float eps, T* out, int64_t dim) {
   for (int64_t d = 0; d < dim; ++d) out[d] = from_float<T>(to_float(w[d]) * round_as<T>(xf[d] * r));
 }
 
-void check_rows(const torch::Tensor& x, const torch::Tensor& w) {
+void check_rows(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "rows must be [tokens, dim] with contiguous rows");
   TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1), "weight must be [dim]");
   TORCH_CHECK(x.size(1) <= kMaxRow, "rows wider than 8192 are not supported");
@@ -64,9 +63,9 @@ using tandem::dispatch_float_bf16;
 }  // namespace
 
 // x: [tokens, dim] -> [tokens, dim]
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   check_rows(x, weight);
-  auto out = torch::empty({x.size(0), x.size(1)}, x.options());
+  auto out = at::empty({x.size(0), x.size(1)}, x.options());
   dispatch_float_bf16(x, "rms_norm", [&](auto zero) {
     using T = decltype(zero);
     const T* xs = x.data_ptr<T>();
@@ -79,11 +78,11 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 }
 
 // residual += x (in place), returns rms_norm(residual). x, residual: [tokens, dim]
-torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps) {
+at::Tensor add_rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, double eps) {
   check_rows(x, weight);
   TORCH_CHECK(residual.is_contiguous() && residual.sizes() == x.sizes(), "residual must be contiguous like x");
   TORCH_CHECK(residual.scalar_type() == x.scalar_type(), "x and residual must share a dtype");
-  auto out = torch::empty_like(residual);
+  auto out = at::empty_like(residual);
   dispatch_float_bf16(x, "add_rms_norm", [&](auto zero) {
     using T = decltype(zero);
     const T* xs = x.data_ptr<T>();
@@ -105,7 +104,7 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
 // Rotates the first `num_heads` heads of every token in place.
 // x: [tokens, >= num_heads, head_dim] (heads and dims contiguous); cos, signed_sin: [tokens, head_dim]
 // signed_sin has its first half negated, so rotate_half(x) * sin == roll(x, half) * signed_sin.
-torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, torch::Tensor signed_sin) {
+at::Tensor rotary_(at::Tensor x, int64_t num_heads, at::Tensor cos, at::Tensor signed_sin) {
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.stride(1) == x.size(2), "x must be [tokens, heads, dim]");
   TORCH_CHECK(num_heads <= x.size(1), "num_heads exceeds the heads of x");
   TORCH_CHECK(x.size(2) % 2 == 0 && x.size(2) <= kMaxHeadDim, "head_dim must be even and at most 256");
@@ -142,11 +141,11 @@ torch::Tensor rotary_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, tor
 }
 
 // gate_up: [tokens, 2 * inter] (gate first) -> [tokens, inter]
-torch::Tensor silu_and_mul(torch::Tensor gate_up) {
+at::Tensor silu_and_mul(at::Tensor gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
               "gate_up must be contiguous [tokens, 2 * intermediate]");
   const int64_t inter = gate_up.size(1) / 2;
-  auto out = torch::empty({gate_up.size(0), inter}, gate_up.options());
+  auto out = at::empty({gate_up.size(0), inter}, gate_up.options());
   dispatch_float_bf16(gate_up, "silu_and_mul", [&](auto zero) {
     using T = decltype(zero);
     const T* in = gate_up.data_ptr<T>();
@@ -167,8 +166,8 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
 
 // key, value: [tokens, kv_heads, head_dim] (rows contiguous); caches: [blocks, block_size, kv_heads, head_dim]
 // slot_mapping: [tokens] int64, -1 = skip.
-void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
-                    torch::Tensor slot_mapping) {
+void write_kv_cache(at::Tensor key, at::Tensor value, at::Tensor key_cache, at::Tensor value_cache,
+                    at::Tensor slot_mapping) {
   const int64_t row = key_cache.size(2) * key_cache.size(3);
   TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == key.size(2) && value.stride(2) == 1 &&
                   value.stride(1) == value.size(2),
@@ -177,7 +176,7 @@ void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_ca
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(key.scalar_type() == key_cache.scalar_type() && value.scalar_type() == value_cache.scalar_type(),
               "key/value must have the cache dtype");
-  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous(), "slot_mapping int64");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(), "slot_mapping int64");
   TORCH_CHECK(slot_mapping.numel() == key.size(0) && value.size(0) == key.size(0), "one slot per token");
   const int64_t num_slots = key_cache.size(0) * key_cache.size(1);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();

@@ -20,8 +20,7 @@
 // 1.2x at 64, on par at 1, 2 and 256.
 //
 // Shapes: x [rows, in] (rows contiguous), packed [panels, in, kPanel] contiguous, bias [out] or empty.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -137,36 +136,36 @@ MicroKernel pick(int64_t rows, std::integer_sequence<int64_t, kRows...>) {
 
 }  // namespace
 
-torch::Tensor pack_linear_weight(torch::Tensor weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat, "weight must be float32 [out, in]");
+at::Tensor pack_linear_weight(at::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "weight must be float32 [out, in]");
   const int64_t out_features = weight.size(0), in = weight.size(1);
   const int64_t panels = (out_features + kPanel - 1) / kPanel;
-  auto padded = torch::zeros({panels * kPanel, in}, weight.options());
+  auto padded = at::zeros({panels * kPanel, in}, weight.options());
   padded.narrow(0, 0, out_features).copy_(weight);
   return padded.view({panels, kPanel, in}).transpose(1, 2).contiguous();  // [panels, in, kPanel]
 }
 
-torch::Tensor unpack_linear_weight(torch::Tensor packed, int64_t out_features) {
+at::Tensor unpack_linear_weight(at::Tensor packed, int64_t out_features) {
   const int64_t panels = packed.size(0), in = packed.size(1);
   return packed.transpose(1, 2).reshape({panels * kPanel, in}).narrow(0, 0, out_features).contiguous();
 }
 
-torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
-                            c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == torch::kFloat,
+at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
+                         c10::optional<at::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat,
               "x must be float32 [rows, in] with contiguous rows");
   TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.size(2) == kPanel &&
-                  packed.size(1) == x.size(1) && packed.scalar_type() == torch::kFloat,
+                  packed.size(1) == x.size(1) && packed.scalar_type() == at::kFloat,
               "packed weight must be contiguous [panels, in, 32] from pack_linear_weight, matching x");
   TORCH_CHECK(out_features > (packed.size(0) - 1) * kPanel && out_features <= packed.size(0) * kPanel,
               "out_features does not match the packed weight");
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features && bias->scalar_type() == torch::kFloat,
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features && bias->scalar_type() == at::kFloat,
                 "bias must be contiguous float32 [out]");
   }
   const int64_t rows = x.size(0), in = x.size(1), panels = packed.size(0), x_stride = x.stride(0);
-  auto out = torch::empty({rows, out_features}, x.options());
+  auto out = at::empty({rows, out_features}, x.options());
   if (rows == 0) return out;
   // Row blocks of equal size (16 rows -> 8 + 8, not 12 + 4).
   const int64_t num_row_blocks = (rows + kMaxRows - 1) / kMaxRows;

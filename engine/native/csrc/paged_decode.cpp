@@ -12,8 +12,7 @@
 //   block_table [num_seqs, max_blocks] int64
 //   seq_lens    [num_seqs] int32
 //   out         [num_seqs, num_heads, head_dim]
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -133,8 +132,8 @@ SeqFn<T> pick(int64_t dim) {
 }
 
 template <typename T>
-void run(const torch::Tensor& query, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
-         const torch::Tensor& block_table, const torch::Tensor& seq_lens, double scale, torch::Tensor& out) {
+void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+         const at::Tensor& block_table, const at::Tensor& seq_lens, double scale, at::Tensor& out) {
   const Shape shape{query.size(1), key_cache.size(2), query.size(2), key_cache.size(1)};
   const int64_t num_seqs = query.size(0), max_blocks = block_table.size(1);
   const int64_t per_seq = shape.num_heads * shape.dim;
@@ -163,19 +162,19 @@ void run(const torch::Tensor& query, const torch::Tensor& key_cache, const torch
 
 }  // namespace
 
-torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                                     torch::Tensor block_table, torch::Tensor seq_lens, double scale) {
+at::Tensor paged_decode_attention(at::Tensor query, at::Tensor key_cache, at::Tensor value_cache,
+                                  at::Tensor block_table, at::Tensor seq_lens, double scale) {
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "query [seqs, heads, dim], cache [blocks, bs, kv, dim]");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(query.size(1) % key_cache.size(2) == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(query.size(2) <= kMaxHeadDim, "head_dim above 256 is not supported");
   TORCH_CHECK(query.size(1) <= kMaxHeads, "more than 256 query heads is not supported");
-  TORCH_CHECK(block_table.scalar_type() == torch::kInt64 && seq_lens.scalar_type() == torch::kInt32,
+  TORCH_CHECK(block_table.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kInt,
               "block_table int64, seq_lens int32");
   query = query.contiguous();
   block_table = block_table.contiguous();
   seq_lens = seq_lens.contiguous();
-  auto out = torch::empty_like(query);
+  auto out = at::empty_like(query);
   tandem::dispatch_float_bf16(query, "paged_decode_attention", [&](auto zero) {
     run<decltype(zero)>(query, key_cache, value_cache, block_table, seq_lens, scale, out);
   });

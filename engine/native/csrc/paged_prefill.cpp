@@ -19,8 +19,7 @@
 //   query_start  [num_seqs + 1] int32 each sequence's first row in `query`
 //   seqs         [n] int64          the sequences to attend (the prefill chunks this kernel runs)
 //   out          [num_tokens, num_heads, head_dim]  the rows of those sequences are written
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -192,9 +191,9 @@ std::vector<Task> tasks_of(const int32_t* lens, const int32_t* starts, const int
 }
 
 template <typename T>
-void run(const torch::Tensor& query, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
-         const torch::Tensor& block_tables, const torch::Tensor& seq_lens, const torch::Tensor& query_start,
-         const torch::Tensor& seqs, double scale, torch::Tensor& out) {
+void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+         const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start,
+         const at::Tensor& seqs, double scale, at::Tensor& out) {
   const Shape shape{query.size(1), key_cache.size(2), query.size(2), key_cache.size(1), block_tables.size(1)};
   const std::vector<Task> tasks = tasks_of(seq_lens.data_ptr<int32_t>(), query_start.data_ptr<int32_t>(),
                                            seqs.data_ptr<int64_t>(), seqs.size(0), shape.num_kv_heads);
@@ -215,18 +214,18 @@ void run(const torch::Tensor& query, const torch::Tensor& key_cache, const torch
 
 }  // namespace
 
-void paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                             torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor query_start,
-                             torch::Tensor seqs, double scale, torch::Tensor out) {
+void paged_prefill_attention(at::Tensor query, at::Tensor key_cache, at::Tensor value_cache,
+                             at::Tensor block_tables, at::Tensor seq_lens, at::Tensor query_start,
+                             at::Tensor seqs, double scale, at::Tensor out) {
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "query [tokens, heads, dim], cache [blocks, bs, kv, dim]");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == query.sizes(), "out: contiguous, the shape of query");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(query.size(1) % key_cache.size(2) == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(query.size(2) <= kMaxHeadDim, "head_dim above 256 is not supported");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && seq_lens.scalar_type() == torch::kInt32 &&
-                  query_start.scalar_type() == torch::kInt32,
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kInt &&
+                  query_start.scalar_type() == at::kInt,
               "block_tables int64, seq_lens and query_start int32");
-  TORCH_CHECK(seqs.scalar_type() == torch::kInt64 && seqs.dim() == 1, "seqs: int64 [n]");
+  TORCH_CHECK(seqs.scalar_type() == at::kLong && seqs.dim() == 1, "seqs: int64 [n]");
   TORCH_CHECK(query_start.size(0) == seq_lens.size(0) + 1, "query_start has one entry more than seq_lens");
   query = query.contiguous();
   block_tables = block_tables.contiguous();
@@ -243,7 +242,7 @@ void paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache, torch
       namespace dot = tandem::bf16dot;
       const Shape shape{query.size(1), key_cache.size(2), query.size(2), key_cache.size(1), block_tables.size(1)};
       if (dot::supports(shape.dim, shape.num_heads / shape.num_kv_heads)) {
-        const auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); };
+        const auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); };
         dot::run(bits(query), bits(key_cache), bits(value_cache), block_tables.data_ptr<int64_t>(),
                  seq_lens.data_ptr<int32_t>(), query_start.data_ptr<int32_t>(), seqs.data_ptr<int64_t>(), seqs.size(0),
                  shape, static_cast<float>(scale), reinterpret_cast<uint16_t*>(out.data_ptr()));

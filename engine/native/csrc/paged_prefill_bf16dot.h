@@ -25,7 +25,7 @@
 #define TANDEM_PREFILL_BF16DOT 1
 
 #include <immintrin.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <cstdint>

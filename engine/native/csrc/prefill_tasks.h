@@ -3,7 +3,7 @@
 // per sequence, tile of query tokens and KV head), and how the tasks are dealt out to threads.
 #pragma once
 
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -7,8 +7,7 @@
 // while it is in registers; the rows' partial sums live in one vector each.
 //
 // Shapes: x [rows, in] (rows contiguous), weight [out, in] contiguous, bias [out] or empty.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 #include <cstdint>
 
 #include "float_types.h"
@@ -59,7 +58,7 @@ RowsFn<T> pick(int64_t rows, std::integer_sequence<int64_t, kRows...>) {
 
 }  // namespace
 
-torch::Tensor small_linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias) {
+at::Tensor small_linear(at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [rows, in] with contiguous rows");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= kMaxRows, "small_linear takes 1 to 16 rows");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == x.size(1),
@@ -71,7 +70,7 @@ torch::Tensor small_linear(torch::Tensor x, torch::Tensor weight, c10::optional<
                 "bias must be contiguous [out] of the weight's dtype");
   }
   const int64_t rows = x.size(0), in = x.size(1), out_features = weight.size(0);
-  auto out = torch::empty({rows, out_features}, x.options());
+  auto out = at::empty({rows, out_features}, x.options());
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const RowsFn<T> fn = pick<T>(rows, std::make_integer_sequence<int64_t, kMaxRows>{});
