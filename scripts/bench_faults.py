@@ -38,7 +38,8 @@ SUMMED = ("in_flight", "completed", "lost", "leaked_blocks")
 
 def run_tests(report: Path) -> int:
     env = {**os.environ, "TANDEM_FAULT_REPORT": str(report)}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS]
+    # `-o addopts=`: one test at a time, as the table says, not two at a time as the suite runs
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *TESTS]
     return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 

@@ -1,7 +1,7 @@
 """The engine's greedy tokens against transformers' on one device: tiny models, then the real-size one.
 
     python -m device_check.launch device_check.engine_parity --device cuda --dtypes float32,bfloat16 \
-        --work DIR [--model-dir DIR --model-label TEXT]
+        --work DIR [--model-dir DIR --model-label TEXT] [--max-new N]
 
 Each model runs in `engine.LLM` (attention backend "triton"; chunked prefill of 16 tokens, so steps
 mix decodes with prefill chunks and chunks extend cached ones) and in transformers' generate on the
@@ -24,7 +24,7 @@ MAX_NEW = 24
 TINY_ARCHS = ("llama", "qwen3")  # GQA with head_dim 16, and Qwen3's q/k norms with head_dim 32
 
 
-def check(label: str, model_dir: str, dtype: torch.dtype, device: str) -> list[str]:
+def check(label: str, model_dir: str, dtype: torch.dtype, device: str, max_new: int = MAX_NEW) -> list[str]:
     """What is wrong with the engine's greedy paths for this model and dtype (nothing: [])."""
     from engine import LLM
     from tests.engine.greedy_agreement import agreement, engine_paths, hf_paths
@@ -32,12 +32,12 @@ def check(label: str, model_dir: str, dtype: torch.dtype, device: str) -> list[s
 
     llm = LLM(model_dir, device=device, dtype=dtype, num_kv_blocks=128, max_num_batched_tokens=16,
               attention_backend="triton")  # fmt: skip
-    ours = engine_paths(llm, PROMPTS, MAX_NEW)
+    ours = engine_paths(llm, PROMPTS, max_new)
     free = llm.engine.kv_cache.num_free_blocks == llm.engine.runner.num_blocks
     del llm
-    theirs = hf_paths(model_dir, PROMPTS, MAX_NEW, dtype, device)
+    theirs = hf_paths(model_dir, PROMPTS, max_new, dtype, device)
     agreed, problems = agreement(ours, theirs)
-    total = MAX_NEW * len(PROMPTS)
+    total = max_new * len(PROMPTS)
     name = f"{label}, {str(dtype).removeprefix('torch.')}"
     figure(f"{name}: tokens agreeing with transformers", f"{agreed}/{total}")
     if dtype == torch.float32 and agreed < total:
@@ -70,13 +70,14 @@ def main() -> int:
     parser.add_argument("--work", required=True)
     parser.add_argument("--model-dir", default=None, help="the real-size model (device_check.real_size_model)")
     parser.add_argument("--model-label", default="real-size model")
+    parser.add_argument("--max-new", type=int, default=MAX_NEW, help="greedy tokens per prompt")
     args = parser.parse_args()
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     problems = [
         problem
         for label, path in models(Path(args.work), args.model_dir, args.model_label)
         for dtype in dtypes
-        for problem in check(label, path, dtype, args.device)
+        for problem in check(label, path, dtype, args.device, args.max_new)
     ]
     for problem in problems:
         print(f"FAIL {problem}", flush=True)

@@ -54,7 +54,8 @@ def _model_dir(done: dict[str, StepResult]) -> str | None:
 def kernels(s: Settings, done: dict[str, StepResult]) -> Step:
     env = {"TANDEM_KERNEL_DEVICE": s.device, "TANDEM_KERNEL_DTYPES": "float32" if s.dry_run else "bfloat16,float16"}
     test, junit = "tests/engine/kernels/test_kernels_on_device.py", s.work / "kernels.xml"
-    argv = command("pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", test)
+    # `-o addopts=`: one file, in one process; the GPU image may lack pytest-xdist, which addopts asks for
+    argv = command("pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={junit}", test)
     return Step("kernels", argv, BUDGET_S["kernels"], env, read_figures=lambda: test_figures(junit))
 
 
@@ -66,6 +67,7 @@ def model(s: Settings, done: dict[str, StepResult]) -> Step:
 
 def engine(s: Settings, done: dict[str, StepResult]) -> Step:
     args = ["--device", s.device, "--dtypes", "float32" if s.dry_run else "float32,bfloat16", "--work", str(s.work)]
+    args += ["--max-new", "8"] if s.dry_run else []  # Triton's interpreter runs the steps: a few show the paths
     figures = done["model"].figures if "model" in done else {}
     if "model_dir" in figures:
         args += ["--model-dir", figures["model_dir"], "--model-label", figures["model"]]

@@ -7,7 +7,7 @@ greedy streams open while a process is killed or stopped.
 - `kill -9` of a tensor-parallel follower of the prefill worker: its own heartbeat shows it dead within
   seconds, its group is replaced, its requests resume;
 - `kill -9` of the controller: the workers serve on, Ray restarts it and it adopts them;
-- SIGSTOP of the decode worker for 8 s out of every 9, for a minute: busy is not dead, nothing restarts.
+- SIGSTOP of the decode worker for 8 s out of every 9, for 36 s (past the 30 s of silence that marks a worker dead): busy is not dead, nothing restarts.
 Every stream must end with exactly transformers' greedy text and the survivors must hold no block. Each
 test adds its row to the reliability table (tests/e2e/fault_stack.record, scripts/bench_faults.py).
 """
@@ -186,8 +186,9 @@ def _answers(s) -> bool:
         return False
 
 
-def test_a_decode_worker_stopped_8_s_of_every_9_for_a_minute_is_busy_not_dead(ray_session, tiny_model_dirs, expected):
-    n, minute = 16, 60.0
+def test_a_decode_worker_stopped_8_s_of_every_9_for_36_s_is_busy_not_dead(ray_session, tiny_model_dirs, expected):
+    # Four stops: longer in all than the 30 s of silence that marks a worker dead (wire.liveness), none alone.
+    n, span = 16, 36.0
     # Computed before: transformers on this process's threads would starve the router that runs here too.
     texts = [expected(p, n) for p in PROMPTS]
     with serving(ray_session, tiny_model_dirs["llama"]) as s:
@@ -195,7 +196,7 @@ def test_a_decode_worker_stopped_8_s_of_every_9_for_a_minute_is_busy_not_dead(ra
         process = psutil.Process(_pid(decode_worker.rank0))  # signals only this process, never a reused pid
 
         async def traffic():
-            done, results, wanted, i = time.monotonic() + minute, [], [], 0
+            done, results, wanted, i = time.monotonic() + span, [], [], 0
             while time.monotonic() < done:  # four streams at a time, new ones as they end
                 batch = range(i % 16, i % 16 + 4)
                 results += await asyncio.gather(*(_stream(s.client, PROMPTS[j], n, [0], 0) for j in batch),
@@ -206,7 +207,7 @@ def test_a_decode_worker_stopped_8_s_of_every_9_for_a_minute_is_busy_not_dead(ra
 
         async def main():
             load = asyncio.create_task(traffic())
-            end = time.monotonic() + minute
+            end = time.monotonic() + span
             while time.monotonic() < end:
                 await asyncio.to_thread(process.suspend)
                 await asyncio.sleep(8)
@@ -220,6 +221,6 @@ def test_a_decode_worker_stopped_8_s_of_every_9_for_a_minute_is_busy_not_dead(ra
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.resume()
         restarts = _restarts(s)
-        _check(f"SIGSTOP the decode worker 8 s of every 9 for a minute ({len(wanted)} streams)", s, results, wanted,
+        _check(f"SIGSTOP the decode worker 8 s of every 9 for 36 s ({len(wanted)} streams)", s, results, wanted,
                restarts)  # fmt: skip
         assert restarts == 0 and s.deployment.app.state.router.registry.workers[decode_worker.name].alive

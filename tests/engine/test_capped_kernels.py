@@ -37,6 +37,7 @@ def test_the_avx2_build_has_no_avx512_and_passes_the_kernel_tests():
     built = capped_run("-c", "from engine.native import load_cpu_kernels as k; print(*k().built_with())", timeout_s=BUILD_S)
     assert built.returncode == 0, built.stderr[-3000:]
     assert set(built.stdout.split()) == {"avx2", "fma"}
-    tests = capped_run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *KERNEL_TESTS, timeout_s=300)
+    tests = capped_run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rs", *KERNEL_TESTS,
+                       timeout_s=300)  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-5000:]
     assert "skipped" not in tests.stdout.splitlines()[-1], tests.stdout[-2000:]  # every kernel test ran on it

@@ -43,7 +43,7 @@ def test_dry_run_passes_with_the_packages_the_gpu_image_lacks_blocked(tmp_path):
     assert "dry run" in steps["model"]["reason"] and "stands in" in steps["model"]["reason"]
     assert steps["kernels"]["figures"]["cases"].startswith("14 of 14 passed")
     parity = [v for k, v in steps["engine"]["figures"].items() if "tokens agreeing" in k]
-    assert parity == ["120/120"] * 3  # tiny Llama, tiny Qwen3, SmolLM2's shape
+    assert parity == ["40/40"] * 3  # tiny Llama, tiny Qwen3, SmolLM2's shape
     assert "tandem" in steps["bench_engine"]["figures"]["workload b"]
     assert "decode 4x256" in steps["bench_kernels"]["figures"]
     profile = steps["profile"]["figures"]
