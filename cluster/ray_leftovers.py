@@ -19,15 +19,16 @@ import psutil
 
 class EmbeddedRayProcesses:
     """The serving process's descendants seen so far (a process is known by its pid and start time, so a
-    reused pid is never taken for one of them)."""
+    reused pid is never taken for one of them). `root_pid`: whose descendants (None: this process's)."""
 
-    def __init__(self):
+    def __init__(self, root_pid: int | None = None):
+        self._root_pid = root_pid
         self._known: dict[tuple[int, float], psutil.Process] = {}
 
     def note(self) -> None:
         """Remember the descendants running now (the lifeline's thread calls this every second)."""
         with contextlib.suppress(psutil.Error):
-            for child in psutil.Process().children(recursive=True):
+            for child in psutil.Process(self._root_pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     self._known.setdefault((child.pid, child.create_time()), child)
 
@@ -36,7 +37,7 @@ class EmbeddedRayProcesses:
         killed = 0
         for process in self._known.values():
             with contextlib.suppress(psutil.Error):  # gone meanwhile, or its pid reused: not ours any more
-                if process.is_running():
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:  # a zombie is dead already
                     process.kill()
                     killed += 1
         return killed

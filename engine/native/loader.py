@@ -73,8 +73,8 @@ def load_cpu_kernels():
     return module
 
 
-# A build takes 1-5 minutes here, and writes an object file into its directory every minute or so; a lock
-# with nothing in that directory written for this long was left by a build that was killed.
+# A build takes about a minute on 2 cores (several on a loaded machine), writing an object file into its directory
+# every 10-50 s; a lock with nothing in that directory written for this long was left by a build that was killed.
 STALE_LOCK_S = 10 * 60
 
 
