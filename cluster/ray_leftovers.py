@@ -37,7 +37,15 @@ class EmbeddedRayProcesses:
         killed = 0
         for process in self._known.values():
             with contextlib.suppress(psutil.Error):  # gone meanwhile, or its pid reused: not ours any more
-                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:  # a zombie is dead already
+                if running(process):
                     process.kill()
                     killed += 1
         return killed
+
+
+def running(process: psutil.Process) -> bool:
+    """Whether `process` still runs: a zombie (ended, not yet reaped by its parent) does not."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -11,7 +11,8 @@ import time
 
 import psutil
 
-from cluster.ray_leftovers import EmbeddedRayProcesses
+from cluster.ray_leftovers import EmbeddedRayProcesses, running
+from tests.e2e.harness import wait_for
 
 # Starts a sleeper and prints its pid, then another one each time a line arrives on its stdin.
 SERVING = """
@@ -35,9 +36,9 @@ def test_the_descendants_noted_are_killed_and_those_never_seen_are_left():
         serving.stdin.flush()
         unseen = psutil.Process(int(serving.stdout.readline()))  # started after the last look: not known to be Ray's
         assert processes.end() == 1
-        assert _ends(seen, timeout_s=10)
+        wait_for(lambda: not running(seen), "the noted process to end", timeout_s=10)
         time.sleep(0.2)
-        assert not _ends(unseen, timeout_s=0)
+        assert running(unseen)
         assert processes.end() == 0  # already gone: nothing to kill twice
     finally:
         for child in psutil.Process(serving.pid).children(recursive=True):
@@ -45,16 +46,3 @@ def test_the_descendants_noted_are_killed_and_those_never_seen_are_left():
         serving.kill()
         serving.wait()
 
-
-def _ends(process: psutil.Process, timeout_s: float) -> bool:
-    """Whether `process` ended within `timeout_s` (a zombie has: its parent here never reaps it)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if process.status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)

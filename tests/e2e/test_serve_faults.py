@@ -7,7 +7,8 @@ greedy streams open while a process is killed or stopped.
 - `kill -9` of a tensor-parallel follower of the prefill worker: its own heartbeat shows it dead within
   seconds, its group is replaced, its requests resume;
 - `kill -9` of the controller: the workers serve on, Ray restarts it and it adopts them;
-- SIGSTOP of the decode worker for 8 s out of every 9, for 36 s (past the 30 s of silence that marks a worker dead): busy is not dead, nothing restarts.
+- SIGSTOP of the decode worker for 8 s out of every 9, for 36 s (past the 30 s of silence that marks a
+  worker dead): busy is not dead, nothing restarts.
 Every stream must end with exactly transformers' greedy text and the survivors must hold no block. Each
 test adds its row to the reliability table (tests/e2e/fault_stack.record, scripts/bench_faults.py).
 """

@@ -25,6 +25,7 @@ import openai
 import psutil
 from transformers import AutoTokenizer
 
+from cluster.ray_leftovers import running
 from tests.conftest import hf_greedy
 from tests.e2e.harness import wait_for
 
@@ -74,7 +75,7 @@ def _output(proc: subprocess.Popen, log) -> str:
 def _all_ended(started: list[psutil.Process], timeout_s: float = 30.0) -> list[int]:
     """The pids of `started` still running after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while (left := [p for p in started if _running(p)]) and time.monotonic() < deadline:
+    while (left := [p for p in started if running(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     return [p.pid for p in left]
 
@@ -205,9 +206,3 @@ def _decode_worker_niceness(processes: list[psutil.Process]) -> list[int]:
                 found.append(process.nice())
     return found
 
-
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
