@@ -211,6 +211,9 @@ def test_a_burst_of_local_prompts_is_prefilled_in_one_step_when_the_window_holds
     prompts = {rid: PROMPTS[rid] for rid in ("tiny", "one-block", "mid", "long")}
     with _workers(model_dir, decode_config=config) as (decode, prefill, stream):
         results, reservations = run_requests(stream, prompts, lambda i: (decode, None))
+        # The last token streams out inside its step, before the step is counted: read the count once the
+        # loop has published the round that ended it (nothing running).
+        wait_for(lambda: decode.load().running == 0, "the last step to be counted", stream=stream)
         taken = decode.load().steps
     assert all(r.prefill_locally for r in reservations.values())
     assert all(results[rid].token_ids == hf_greedy(model_dir, prompt, 8) for rid, prompt in prompts.items())
