@@ -154,7 +154,8 @@ def fitted(profile: Profile, record: CalibrationRecord) -> Profile:
             # measured as 1 + the stream's extra time per token over its quiet second: its base is now measured too
             serving = dataclasses.replace(serving, beside_prefill_factor=serving.beside_prefill_factor - 1.0
                                           + serving.alone_step_factor)  # fmt: skip
-        loaded_fit = ", ".join(f"{k} {v:.3f}" for k, v in factors.items()) + \
+        loaded_fit = ", ".join(f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v:.3f}"
+                               for k, v in factors.items()) + \
             f", per_round_s {serving.per_round_s * 1e3:.1f} ms (from {sum(map(len, record.loaded_steps.values()))} " \
             f"served steps of the load)"  # fmt: skip
     else:

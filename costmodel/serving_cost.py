@@ -44,6 +44,17 @@ bench_plan went from -6..+40% to -17..+18%.
 A step's factor mixes the two by its share of prompt tokens (`factor_for`): a chunk of 1,536 prompt tokens
 with five decode rows is served as a prompt, a decode batch as decode.
 
+  per_streamed_token_s
+                     added to a served step for each token it samples (each streams out): what the router and
+                     the client spend on a token comes out of the steps where the workers' threads fill the
+                     host's cores (a preempted thread holds the others at the next barrier), so the slowdown
+                     grows with the batch, which no factor does. In the served steps of 2026-11-27 18:30 (Intel
+                     Xeon AVX-512, 2 cores) the served-over-profiled gap grew from 7 ms at one row to 16 ms at
+                     5-8 (one worker of 2 threads), 16 to 22 ms at 1 to 3-4 (two of 1 thread): 1.1-3.1 ms a
+                     token fitted, and a factor fitted to a load of 1-4 rows under-priced every larger batch
+                     (bench_plan's long-outputs TPOT under-predicted 7-24% in every pass). 0 where not
+                     calibrated: a GPU host's cores are spare.
+
   prompt_contention_s, prompt_contention_per_token_s
                      the time a step with prompt tokens is served longer while the host's other workers
                      decode, as a line in its prompt tokens (`prompt_contention`, scaled by the share of
@@ -82,6 +93,7 @@ class ServingCost:
     beside_prefill_factor: float | None = None  # a decode step beside prefilling neighbours; None: as alone
     prompt_contention_s: float = 0.0  # a step with prompt tokens, its other workers decoding: added seconds
     prompt_contention_per_token_s: float = 0.0  # ... and added seconds per prompt token of it
+    per_streamed_token_s: float = 0.0  # a served step's added seconds per token it samples (see the module doc)
 
     def __post_init__(self):
         for f in fields(self):
@@ -116,6 +128,10 @@ class ServingCost:
         if neighbours is None or prompt_tokens == 0:
             return 0.0
         return neighbours.decoding * (self.prompt_contention_s + self.prompt_contention_per_token_s * prompt_tokens)
+
+    def streamed(self, sampled_rows: int) -> float:
+        """The seconds a served step takes longer for the `sampled_rows` tokens it streams out."""
+        return self.per_streamed_token_s * sampled_rows
 
     def to_dict(self) -> dict[str, float | None]:
         return asdict(self)

@@ -28,21 +28,32 @@ def _worker(profile, shapes, factor_of, start=0.0, gap=0.001, pause_every=0, pau
     return lines
 
 
-def test_one_worker_gets_a_factor_for_decode_rows_one_for_prompt_tokens_and_its_round_gap():
+def test_one_worker_gets_a_factor_for_decode_rows_one_for_prompt_tokens_a_time_per_token_and_its_round_gap():
     profile = _profile()
-    decode, mixed = StepShape.decode(8, 300), StepShape.of([(256, 0, True)], [300] * 4)  # mixed: 256 of 260 prompt
-    shapes = [(decode, 0)] * 60 + [(mixed, 256)] * 10
+    decodes = [(StepShape.decode(rows, 300), 0) for rows in (1, 2, 4, 8, 16)]
+    mixed = StepShape.of([(256, 0, True)], [300] * 4)  # 256 of 260 tokens prompt, 5 sampled
+    shapes = decodes * 12 + [(mixed, 256)] * 10
     share = 256 / 260
 
     def factor(t, shape, prompt_tokens):
-        return 1.5 * share + 1.2 * (1 - share) if prompt_tokens else 1.2
+        served = profile.step_seconds(shape) * (1.5 * share + 1.2 * (1 - share) if prompt_tokens else 1.2)
+        return (served + 0.002 * shape.sampled_rows) / profile.step_seconds(shape)  # 2 ms a streamed token
 
     lines = {"decode-0-1": _worker(profile, shapes, factor)}
-    assert steps.step_factors(profile, lines) == {"step_factor": pytest.approx(1.2), "prefill_factor": pytest.approx(1.5)}
+    assert steps.step_factors(profile, lines) == {"step_factor": pytest.approx(1.2), "prefill_factor": pytest.approx(1.5),
+                                                  "per_streamed_token_s": pytest.approx(0.002)}  # fmt: skip
     assert steps.round_gap(lines) == pytest.approx(0.001)
     few_prompts = {"decode-0-1": lines["decode-0-1"][:64]}  # 4 steps with prompt tokens: the idle factor is kept
-    assert set(steps.step_factors(profile, few_prompts)) == {"step_factor"}
+    assert set(steps.step_factors(profile, few_prompts)) == {"step_factor", "per_streamed_token_s"}
     assert steps.step_factors(profile, {"decode-0-1": lines["decode-0-1"][:10]}) is None  # too few to fit
+
+
+def test_steps_that_all_stream_as_many_tokens_get_a_factor_only():
+    """One batch size throughout: a time per token cannot be told from the factor, so all of it is the factor."""
+    profile = _profile()
+    decode = StepShape.decode(8, 300)
+    lines = {"decode-0-1": _worker(profile, [(decode, 0)] * 40, lambda *_: 1.3)}
+    assert steps.step_factors(profile, lines) == {"step_factor": pytest.approx(1.3), "per_streamed_token_s": 0.0}
 
 
 def test_several_workers_get_the_line_from_a_step_alone_to_one_beside_a_stepping_neighbour():

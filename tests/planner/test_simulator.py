@@ -39,6 +39,18 @@ def test_colocated_schedule_as_reckoned_by_hand():
     assert result.duration_s == pytest.approx(0.153) and result.steps == 4
 
 
+def test_each_streamed_token_adds_its_time_to_the_step_that_samples_it():
+    """The first case with 2 ms a streamed token: A's first chunk samples nothing (74 ms), the next step samples
+    A's and B's first tokens (56 + 4 ms), then two rows (12 + 4 ms), then one (11 + 2 ms)."""
+    profile = hand_profile()
+    profile = dataclasses.replace(profile, serving=dataclasses.replace(profile.serving, per_streamed_token_s=0.002))
+    layout = Layout(PoolLayout(0, None), PoolLayout(1, profile), LIMITS, arrival_window=NO_WINDOW)
+    result = simulate(layout, [SimRequest(0.0, prompt(100), 3), SimRequest(0.05, prompt(10, 900), 2)])
+    a, b = result.requests
+    assert a.token_times == pytest.approx([0.134, 0.150, 0.163])
+    assert b.token_times == pytest.approx([0.134, 0.150])
+
+
 def test_disaggregated_schedule_with_handoff_and_transfer():
     """1 prefill + 1 decode worker, 1 ms per hop; the KV (32 B a token) moves at 32 MB/s after a 2 ms latency.
 
