@@ -126,13 +126,15 @@ def vllm_bench(url: str, tokenizer: str, flags: list[str] | tuple[str, ...], see
 
 
 @contextlib.contextmanager
-def tandem_serve(model: str | None, log_path: Path, start_timeout_s: float = 900.0, flags: tuple[str, ...] = ()):
-    """`tandem serve` exactly as the README starts it (plus a free port, --model when given and `flags`).
+def tandem_serve(model: str | None, log_path: Path, start_timeout_s: float = 900.0, flags: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):  # fmt: skip
+    """`tandem serve` exactly as the README starts it (plus a free port, --model when given, `flags`, and `env`
+    over this process's environment).
 
     The port is free when chosen and may be taken before `serve` binds it (a Ray process's ephemeral port):
     then `serve` exits at once saying so, and is started again on another."""
     for tries_left in reversed(range(3)):
-        proc, url = _start_serve(model, log_path, flags)
+        proc, url = _start_serve(model, log_path, flags, env or {})
         try:
             _wait_healthy(proc, url, log_path, start_timeout_s)
             break
@@ -146,11 +148,12 @@ def tandem_serve(model: str | None, log_path: Path, start_timeout_s: float = 900
         _stop_serve(proc)
 
 
-def _start_serve(model: str | None, log_path: Path, flags: tuple[str, ...]) -> tuple[subprocess.Popen, str]:
+def _start_serve(model: str | None, log_path: Path, flags: tuple[str, ...],
+                 extra_env: dict[str, str]) -> tuple[subprocess.Popen, str]:  # fmt: skip
     port = free_port()
     cmd = [sys.executable, "-m", "cluster.cli", "serve", "--port", str(port), *(["--model", model] if model else []),
            *flags]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **extra_env}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"

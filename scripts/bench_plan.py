@@ -50,7 +50,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_loads import chosen_layout, tandem_serve, vllm_bench  # noqa: E402
 from bench_report import add_markdown_option, git_commit, machine_line, record_run, run_text  # noqa: E402
+from bench_plan_steps import served_steps, steps_table  # noqa: E402
 from machine_pace import Pace, machine_pace  # noqa: E402
+
+from costmodel import Profile  # noqa: E402
 
 LAYOUTS = {
     "default": (),
@@ -191,17 +194,22 @@ def measure_pass(layouts: dict[str, tuple[str, ...]], chosen: list[Workload], sc
         threads = layout_threads(flags)
         reference = settled_pace(threads)
         paces[name] = {"reference": reference.as_dict(), "runs": {}}
-        log = work / f"serve-{i}.log"
-        with tandem_serve(None, log, flags=flags) as url:
+        log, traces = work / f"serve-{i}.log", work / trace_folder(name)
+        # Every served engine step traced (a JSON line each: `runtime.step_trace`), to tell afterwards whether a
+        # row's error lies in the steps' prices or around them (`served_steps`).
+        with tandem_serve(None, log, flags=flags, env={"TANDEM_STEP_TRACE": str(traces)}) as url:
             for workload in chosen:
                 out = work / result_name("real", name, workload.name)
                 attempts = paces[name]["runs"][workload.name] = []
                 while len(attempts) < 2 and (not attempts or unsteady(attempts[-1], reference)):
                     # Measured again: other prompts (a seed of its own), or they would be in the prefix cache.
                     seed, before = seeds[workload.name] + RESEED * len(attempts), settled_pace(threads)
+                    start = time.monotonic()  # the step traces' clock (one per host)
                     real = measured(url, tokenizer, workload, seed, out)
+                    window = [start, time.monotonic()]
                     after = settled_pace(threads)
-                    attempts.append({"seed": seed, "before": before.as_dict(), "after": after.as_dict()})
+                    attempts.append({"seed": seed, "before": before.as_dict(), "after": after.as_dict(),
+                                     "window": window})  # fmt: skip
                     print(f"measured {name} / {workload.name}: {real['completed']} completed, machine pace "
                           f"{pace_text(attempts[-1], reference)} of its calibration's", flush=True)  # fmt: skip
         chosen_default = chosen_layout(log) if name == "default" else chosen_default
@@ -302,6 +310,10 @@ def predict_pass(folder: Path, manifest: dict, rows: list[dict], cached_profiles
                                   folder / result_name("paced-profile", r["layout"], workload.name))  # fmt: skip
             out = folder / result_name("pred-paced", r["layout"], workload.name)
             r["pred_paced"] = predicted(layout, workload, r["seed"], out, paced)
+        window = attempts[-1].get("window") if attempts else None
+        if window and profiles[r["layout"]] is not None:
+            traced = folder / trace_folder(r["layout"])
+            r["served_steps"] = served_steps(Profile.load(profiles[r["layout"]]), traced, tuple(window))
 
 
 # The step cost terms a memory-bound (decode-like) piece of work paces, and the compute-bound (prefill-like) ones.
@@ -356,6 +368,11 @@ def pass_profile(folder: Path, manifest: dict, layout: str, cached_profiles: boo
     for a pass that calibrated none."""
     name = None if cached_profiles else manifest.get("profiles", {}).get(layout)
     return folder / name if name else None
+
+
+def trace_folder(layout: str) -> str:
+    """Where a layout's workers trace their steps in the pass's folder."""
+    return f"traces-{layout}".replace(" ", "_")
 
 
 def result_name(kind: str, layout: str, workload: str = "") -> str:
@@ -431,6 +448,10 @@ def main(argv=None) -> None:
         passes.append(rows)
         texts.append(f"Pass {len(passes)}: measured {manifest['measured']} (commit {manifest['commit']}), results "
                      f"{folder}\n\n{table(rows)}\n\n{summary(rows)}")  # fmt: skip
+        if steps := steps_table(rows):
+            texts.append("The served steps of each run (traced) against the model's price of the same steps (the "
+                         "profile, serving's factors and its time per streamed token: `scripts/bench_plan_steps.py`):"
+                         f"\n\n{steps}")  # fmt: skip
     if len(passes) > 1:
         texts.append(f"Over the {len(passes)} passes:\n\n{over_passes(passes)}")
         steady = [[r for r in rows if r["steady"]] for rows in passes]
