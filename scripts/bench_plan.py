@@ -29,6 +29,10 @@ its terms were fitted to (`profile-X.samples.json`) and what its calibration mea
 to the cost model's terms, the calibration's fit or the simulator's contention) and predicts on that.
 
     python scripts/bench_plan.py --from benchmarks/plan-passes/A,benchmarks/plan-passes/B --refit
+
+Every real run's engine steps are traced (`TANDEM_STEP_TRACE`, a folder per layout in the pass's, each run's
+window on the host's monotonic clock in the manifest): a table sets them against the model's price of the
+same steps (`bench_plan_steps`), which says whether a row's error lies in the steps' prices or around them.
 """
 
 from __future__ import annotations
