@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel.model_dims import ModelDims
-from costmodel.serving_cost import ServingCost
+from costmodel.serving_cost import Neighbours, ServingCost
 from costmodel.step_cost import StepCost
 from costmodel.step_shape import StepShape
 from costmodel.transfer_cost import TransferCost
@@ -80,6 +80,15 @@ class Profile:
 
     def step_seconds(self, shape: StepShape) -> float:
         return self.step.seconds(shape)
+
+    def served_step_seconds(self, shape: StepShape, prompt_tokens: int, neighbours: Neighbours | None) -> float:
+        """A step as a served worker takes it (what the simulator charges): its price times serving's factor for
+        its share of `prompt_tokens` beside `neighbours` (None: alone on its host), plus the prompt's contention
+        and the tokens it streams out (`ServingCost`)."""
+        serving = self.serving
+        factor = serving.factor_for(neighbours, prompt_tokens / max(shape.tokens, 1))
+        return (self.step_seconds(shape) * factor + serving.prompt_contention(neighbours, prompt_tokens)
+                + serving.streamed(shape.sampled_rows))  # fmt: skip
 
     def transfer_seconds(self, num_tokens: int) -> float:
         """Moving the KV of `num_tokens` tokens from a prefill worker to a decode worker."""

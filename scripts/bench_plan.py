@@ -332,7 +332,7 @@ def paced_profile(path: Path, attempt: dict, reference: Pace, out: Path) -> Path
     value just after the calibration; written to `out`. What is left of the error is the model's."""
     import dataclasses
 
-    from costmodel import Profile, StepCost
+    from costmodel import StepCost
 
     before, after = Pace(**attempt["before"]), Pace(**attempt["after"])
     decode = (before.decode_ms + after.decode_ms) / 2 / reference.decode_ms
@@ -352,7 +352,7 @@ def refitted(path: Path) -> Path:
     from cluster.calibration_record import CalibrationRecord
     from cluster.plan_cli import evidence_path
     from cluster.serving_calibration import fitted
-    from costmodel import Profile, ServingCost
+    from costmodel import ServingCost
     from planner.fit import fit_step_cost
     from planner.local_profile import load_samples
 

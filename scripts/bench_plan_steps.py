@@ -3,10 +3,10 @@
 Each real run of `scripts/bench_plan.py` serves with every worker tracing its engine steps
 (`runtime.step_trace`, one folder per layout, the run's window on the host's monotonic clock kept in the
 manifest). For the steps inside a run's window this sets their served seconds against what the simulator
-would charge for the same shapes: the profile's price times serving's factor for the step's neighbours and
-prompt share, plus its streamed tokens (`planner.sim.priced_runner`). A ratio near 1 puts the row's error in
-the scheduling or the time around the steps; far from it, in the prices themselves (or the machine's drift:
-the pace columns say which).
+would charge for the same shapes (`Profile.served_step_seconds`: the profile's price times serving's factor
+for the step's neighbours and prompt share, plus its streamed tokens). A ratio near 1 puts the row's error
+in the scheduling or the time around the steps; far from it, in the prices themselves (or the machine's
+drift: the pace columns say which).
 
 The neighbours are read from the traces as the calibration reads them (`cluster.calibration_steps.overlap`):
 the share of a step the other workers spent in steps, all of them (busy) and those that decode (decoding).
@@ -51,7 +51,8 @@ def served_steps(profile: Profile, traces: Path, window: tuple[float, float]) ->
                 decoding = overlap(line, decoders) * len(decoders) / len(others) if decoders else 0.0
                 neighbours = Neighbours(busy=busy, decoding=decoding)
             sums[line["prompt_tokens"] > 0][0] += line["s"]
-            sums[line["prompt_tokens"] > 0][1] += priced(profile, line, neighbours)
+            sums[line["prompt_tokens"] > 0][1] += profile.served_step_seconds(shape(line), line["prompt_tokens"],
+                                                                              neighbours)  # fmt: skip
             count += 1
     if not count:
         return None
@@ -61,14 +62,6 @@ def served_steps(profile: Profile, traces: Path, window: tuple[float, float]) ->
         return sums[kind][0] / sums[kind][1] if sums[kind][1] > 0 else None
 
     return ServedSteps(count, served, priced_total, ratio(False), ratio(True))
-
-
-def priced(profile: Profile, line: dict, neighbours: Neighbours | None) -> float:
-    """What the simulator charges for a step of this trace line's shape (`PricedRunner.execute`)."""
-    s, serving = shape(line), profile.serving
-    factor = serving.factor_for(neighbours, line["prompt_tokens"] / max(s.tokens, 1))
-    return (profile.step_seconds(s) * factor + serving.prompt_contention(neighbours, line["prompt_tokens"])
-            + serving.streamed(s.sampled_rows))  # fmt: skip
 
 
 def steps_table(rows: list[dict]) -> str:

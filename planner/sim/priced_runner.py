@@ -37,9 +37,8 @@ class PricedBatch:
 
 class PricedRunner:
     """`neighbours` says, when a step starts, what the host's other workers do (None: alone on its host): the
-    served step's factor follows it and the step's share of prompt tokens (`ServingCost.factor_for`), and a
-    step with prompt tokens takes longer while they decode (`ServingCost.prompt_contention`), and every step for
-    the tokens it streams out (`ServingCost.streamed`)."""
+    served step's factor follows it and the step's share of prompt tokens, a step with prompt tokens takes longer
+    while they decode, and every step for the tokens it streams out (`Profile.served_step_seconds`)."""
 
     def __init__(self, profile: Profile, num_blocks: int, clock: SimClock, token_id: int,
                  neighbours: Callable[[], Neighbours | None] = lambda: None):  # fmt: skip
@@ -53,10 +52,7 @@ class PricedRunner:
         return PricedBatch(shape_of(scheduled), sum(1 for s in scheduled if s.samples), prompt_tokens)
 
     def execute(self, batch: PricedBatch, attachment: bytes = b"", layer_done=None) -> SamplerOutput:
-        serving, neighbours = self.profile.serving, self.neighbours()
-        factor = serving.factor_for(neighbours, batch.prompt_tokens / max(batch.shape.tokens, 1))
-        seconds = (self.profile.step_seconds(batch.shape) * factor + serving.prompt_contention(neighbours, batch.prompt_tokens)
-                   + serving.streamed(batch.sampled_rows))  # fmt: skip
+        seconds = self.profile.served_step_seconds(batch.shape, batch.prompt_tokens, self.neighbours())
         self.clock.now += seconds
         self.steps += 1
         self.busy_s += seconds
