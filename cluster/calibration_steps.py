@@ -4,7 +4,7 @@ its profiled price, so that serving's costs are measured where they arise instea
     steps = loaded_steps(trace_folder, start, end)       # worker -> its steps inside the load's window
     per_round_s = round_gap(steps)                       # the loop's own time between two steps
     factors = step_factors(profile, steps)               # served / profiled: decode rows, prompt tokens,
-                                                         # and a time per streamed token
+                                                         # and a time per sampled row
 
 What it found (2026-11-27, Intel Xeon AVX-512, 2 cores, the default one worker of 2 threads under
 bench_plan's loads): served steps took 1.10-1.30x their profiled time (the router, the client and Ray share the
@@ -16,10 +16,13 @@ With several workers on the host, a step's factor moves with how much of it the 
 own (`overlap`, from their traces): the fit is the line `alone + (beside - alone) * overlap`, the calibration's
 `alone_step_factor` and `step_factor`.
 
-Beside the factors, each fit has a time per token the step samples (`per_streamed_token_s`): the gap between
-served and profiled grew with the batch in every calibration of 2026-11-27 18:30 (7 ms at one row, 16 ms at
-5-8: the router's and the client's work per streamed token comes out of the steps on a full host), which a
-factor fitted to a load of small batches under-priced at larger ones.
+Beside the factors, each fit has a time per row the step samples (`per_served_row_s`), of either sign: the gap
+between served and profiled grew with the batch in every calibration of 2026-11-27 18:30 (7 ms at one row, 16
+ms at 5-8: the router's and the client's work per streamed token comes out of the steps on a full host), and
+on 2026-11-28 02:15 a profile priced 17-24-row steps 18% above their served time while pricing one row at it:
+a factor follows neither. The load ends in a burst (`cluster.serving_calibration`) so that the fit sees the
+batches of up to 16 rows a worker that the Poisson arrivals (1-4 rows) never step. Bounded below by minus the
+profile's own price of a decode row, so that no row is priced below nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from runtime.step_trace import read_step_trace
 
 MAX_ROUND_GAP_S = 0.05  # a longer wait between two steps is the loop idle (no work), not its round
 MIN_STEPS = 20  # fewer served steps than this fit nothing (the load was too short)
-MIN_STREAMED_COUNTS = 3  # steps that sampled fewer different numbers of tokens: no time per streamed token
+MIN_ROW_COUNTS = 3  # steps that sampled fewer different numbers of rows: no time per sampled row
 MIN_PROMPT_STEPS = 5  # fewer steps with prompt tokens: the idle phase's prefill factor is kept
 _SHAPE = tuple(f.name for f in dataclasses.fields(StepShape))  # a trace line's keys that are its step's shape
 
@@ -79,11 +82,12 @@ def step_factors(profile: Profile, steps: dict[str, list[dict]]) -> dict[str, fl
     """Served over profiled time, fitted to the loaded steps (None: fewer than `MIN_STEPS`).
 
     One worker: `step_factor` for decode rows and, when enough steps had prompt tokens, `prefill_factor` for
-    those: served = profiled * (prompt share * prefill_factor + decode share * step_factor) + streamed tokens *
-    per_streamed_token_s.
+    those: served = profiled * (prompt share * prefill_factor + decode share * step_factor) + sampled rows *
+    per_served_row_s.
     Several: decode-only steps against the share of them the other workers stepped too (`overlap`): the line's
-    ends are `alone_step_factor` (none of them) and `step_factor` (all), plus the time per streamed token."""
-    rows = []  # (profiled seconds, prompt share, overlap, sampled rows, served seconds)
+    ends are `alone_step_factor` (none of them) and `step_factor` (all), plus the time per sampled row."""
+    fit = _Fit(profile.step_seconds(StepShape.decode(2, 0)) - profile.step_seconds(StepShape.decode(1, 0)))
+    points = []  # (profiled seconds, prompt share, overlap, sampled rows, served seconds)
     for name, lines in steps.items():
         others = [v for k, v in steps.items() if k != name]
         for step in lines:
@@ -91,47 +95,54 @@ def step_factors(profile: Profile, steps: dict[str, list[dict]]) -> dict[str, fl
             priced = profile.step_seconds(s)
             if priced > 0:
                 prompt_share = step["prompt_tokens"] / max(s.tokens, 1)
-                rows.append((priced, prompt_share, overlap(step, others), s.sampled_rows, step["s"]))
-    if len(rows) < MIN_STEPS:
+                points.append((priced, prompt_share, overlap(step, others), s.sampled_rows, step["s"]))
+    if len(points) < MIN_STEPS:
         return None
-    priced, prompt, shared, streamed, served = (np.array(c, dtype=float) for c in zip(*rows))
+    priced, prompt, shared, sampled, served = (np.array(c, dtype=float) for c in zip(*points))
     if len(steps) == 1:
-        return _lone_factors(priced, prompt, streamed, served)
+        return fit.lone(priced, prompt, sampled, served)
     decode = prompt == 0
     if decode.sum() < MIN_STEPS:
         return None
-    return _line(priced[decode], shared[decode], streamed[decode], served[decode])
+    return fit.line(priced[decode], shared[decode], sampled[decode], served[decode])
 
 
-def _lone_factors(priced: np.ndarray, prompt: np.ndarray, streamed: np.ndarray, served: np.ndarray) -> dict[str, float]:
-    """One worker: each step's served time as its profiled time times the mix of two factors by its prompt share,
-    plus a time per streamed token."""
-    if (prompt > 0).sum() < MIN_PROMPT_STEPS:
-        step, per_token = _weighted_fit([priced], streamed, priced, served)
-        return {"step_factor": step, "per_streamed_token_s": per_token}
-    decode, prompts, per_token = _weighted_fit([priced * (1.0 - prompt), priced * prompt], streamed, priced, served)
-    return {"step_factor": decode, "prefill_factor": prompts, "per_streamed_token_s": per_token}
+@dataclasses.dataclass(frozen=True)
+class _Fit:
+    """The fits of served steps against their profiled prices; `row_price_s`: the profile's price of one more
+    decode row, the most a time per sampled row may take off."""
 
+    row_price_s: float
 
-def _line(priced: np.ndarray, shared: np.ndarray, streamed: np.ndarray, served: np.ndarray) -> dict[str, float]:
-    """served = profiled * (alone + (beside - alone) * shared) + streamed tokens * per token. Where the steps'
-    overlaps barely spread (the load kept every worker busy, or none beside another), one factor for both."""
-    if np.ptp(shared) < 0.5 or min((shared < 0.25).sum(), (shared > 0.75).sum()) < 5:
-        pooled, per_token = _weighted_fit([priced], streamed, priced, served)
-        return {"alone_step_factor": pooled, "step_factor": pooled, "per_streamed_token_s": per_token}
-    alone, slope, per_token = _weighted_fit([priced, priced * shared], streamed, priced, served)
-    return {"alone_step_factor": alone, "step_factor": alone + slope, "per_streamed_token_s": per_token}
+    def lone(self, priced: np.ndarray, prompt: np.ndarray, rows: np.ndarray, served: np.ndarray) -> dict[str, float]:
+        """One worker: each step's served time as its profiled time times the mix of two factors by its prompt
+        share, plus a time per sampled row."""
+        if (prompt > 0).sum() < MIN_PROMPT_STEPS:
+            step, per_row = self.weighted([priced], rows, priced, served)
+            return {"step_factor": step, "per_served_row_s": per_row}
+        decode, prompts, per_row = self.weighted([priced * (1.0 - prompt), priced * prompt], rows, priced, served)
+        return {"step_factor": decode, "prefill_factor": prompts, "per_served_row_s": per_row}
 
+    def line(self, priced: np.ndarray, shared: np.ndarray, rows: np.ndarray, served: np.ndarray) -> dict[str, float]:
+        """served = profiled * (alone + (beside - alone) * shared) + sampled rows * per row. Where the steps'
+        overlaps barely spread (the load kept every worker busy, or none beside another), one factor for both."""
+        if np.ptp(shared) < 0.5 or min((shared < 0.25).sum(), (shared > 0.75).sum()) < 5:
+            pooled, per_row = self.weighted([priced], rows, priced, served)
+            return {"alone_step_factor": pooled, "step_factor": pooled, "per_served_row_s": per_row}
+        alone, slope, per_row = self.weighted([priced, priced * shared], rows, priced, served)
+        return {"alone_step_factor": alone, "step_factor": alone + slope, "per_served_row_s": per_row}
 
-def _weighted_fit(scaled: list[np.ndarray], streamed: np.ndarray, priced: np.ndarray,
-                  served: np.ndarray) -> list[float]:  # fmt: skip
-    """Non-negative coefficients of served ~ sum(c_i * scaled_i) + c * streamed, each step's squared error over
-    its profiled time: the least squares of its served / profiled ratio weighted by that time (a TPOT is a sum
-    of step times, so a long step counts for more). The factors first, the time per streamed token last: 0
-    where the steps streamed too few different counts of tokens to tell it from the factors."""
-    from scipy.optimize import nnls
+    def weighted(self, scaled: list[np.ndarray], rows: np.ndarray, priced: np.ndarray,
+                 served: np.ndarray) -> list[float]:  # fmt: skip
+        """Coefficients of served ~ sum(c_i * scaled_i) + c * rows, each step's squared error over its profiled
+        time: the least squares of its served / profiled ratio weighted by that time (a TPOT is a sum of step
+        times, so a long step counts for more). The factors first (>= 0), the time per row last (>= minus the
+        row's price): 0 where the steps sampled too few different counts of rows to tell it from the factors."""
+        from scipy.optimize import lsq_linear
 
-    weight = np.sqrt(priced)
-    columns = [*scaled, streamed] if len(np.unique(streamed)) >= MIN_STREAMED_COUNTS else scaled
-    coef, _ = nnls(np.column_stack(columns) / weight[:, None], served / weight)
-    return [float(c) for c in coef] + [0.0] * (len(scaled) + 1 - len(coef))
+        weight = np.sqrt(priced)
+        with_rows = len(np.unique(rows)) >= MIN_ROW_COUNTS
+        columns = [*scaled, rows] if with_rows else scaled
+        lower = [0.0] * len(scaled) + ([-self.row_price_s] if with_rows else [])
+        coef = lsq_linear(np.column_stack(columns) / weight[:, None], served / weight, bounds=(lower, np.inf)).x
+        return [float(c) for c in coef] + [0.0] * (len(scaled) + 1 - len(coef))

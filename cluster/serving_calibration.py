@@ -16,7 +16,8 @@ drives it in phases:
             prefilled on one worker while another decodes a long stream, each against its quiet twin just
             after, give the line of `prompt_contention_s` and `prompt_contention_per_token_s`, and the
             stream's time per token while they prefill against before them `beside_prefill_factor`;
-  loaded    Poisson arrivals at about half the pool's capacity, every worker tracing its engine steps
+  loaded    Poisson arrivals at about half the pool's capacity, then a burst (batches of 1-16 rows a worker,
+            where the Poisson load steps 1-4), every worker tracing its engine steps
             (`runtime.step_trace`): each served step against its profiled price gives the step factors, the
             time between two steps `per_round_s` (`cluster.calibration_steps`): with one worker
             `step_factor` for decode rows and `prefill_factor` for prompt tokens under load, with several
@@ -53,6 +54,11 @@ from runtime import step_trace
 IDLE_REQUESTS, IDLE_PROMPT, IDLE_OUTPUT = 10, 256, 32
 NOTE_START = "serving calibrated"
 LOAD = dict(num_prompts=24, random_input_len=384, random_output_len=96, seed=5, ignore_eos=True)
+# After the Poisson arrivals, a burst: batches of up to BURST_PER_WORKER rows, shrinking as their outputs end
+# (lengths spread over 16-112 tokens), so the fit sees the large batches a load of 1-4 rows never steps.
+BURST_PER_WORKER = 16
+BURST = dict(random_input_len=128, random_output_len=64, random_range_ratio=0.75, seed=6, ignore_eos=True)
+BURST_AFTER_S = 2.0  # the burst arrives this long after the load's last request
 
 
 def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None] = print,
@@ -236,12 +242,16 @@ def _mean_tpot(outcomes) -> float:
 
 
 def _load(profile: Profile, replicas: int) -> list[SimRequest]:
-    """The loaded phase's requests, at about half the pool's capacity as the profile prices it."""
+    """The loaded phase's requests: Poisson arrivals at about half the pool's capacity as the profile prices
+    it, then a burst of `BURST_PER_WORKER` requests a worker."""
     prompt, output = LOAD["random_input_len"], LOAD["random_output_len"]
     per_request = profile.step_seconds(StepShape.prefill(prompt)) + output * profile.step_seconds(
         StepShape.decode(4, prompt + output // 2)) / 4  # fmt: skip
     rate = 0.5 * replicas / per_request
-    return WorkloadSpec(request_rate=rate, **LOAD).requests(profile.model.vocab_size)
+    poisson = WorkloadSpec(request_rate=rate, **LOAD).requests(profile.model.vocab_size)
+    burst = WorkloadSpec(num_prompts=BURST_PER_WORKER * replicas, **BURST).requests(profile.model.vocab_size)
+    at = poisson[-1].arrival_s + BURST_AFTER_S
+    return poisson + [dataclasses.replace(r, arrival_s=at + r.arrival_s) for r in burst]
 
 
 def _one_at_a_time(count: int) -> list[SimRequest]:

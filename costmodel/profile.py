@@ -84,11 +84,11 @@ class Profile:
     def served_step_seconds(self, shape: StepShape, prompt_tokens: int, neighbours: Neighbours | None) -> float:
         """A step as a served worker takes it (what the simulator charges): its price times serving's factor for
         its share of `prompt_tokens` beside `neighbours` (None: alone on its host), plus the prompt's contention
-        and the tokens it streams out (`ServingCost`)."""
+        and its time per sampled row (`ServingCost`, either sign: never below 0)."""
         serving = self.serving
         factor = serving.factor_for(neighbours, prompt_tokens / max(shape.tokens, 1))
-        return (self.step_seconds(shape) * factor + serving.prompt_contention(neighbours, prompt_tokens)
-                + serving.streamed(shape.sampled_rows))  # fmt: skip
+        return max(0.0, self.step_seconds(shape) * factor + serving.prompt_contention(neighbours, prompt_tokens)
+                   + serving.per_rows(shape.sampled_rows))  # fmt: skip
 
     def transfer_seconds(self, num_tokens: int) -> float:
         """Moving the KV of `num_tokens` tokens from a prefill worker to a decode worker."""

@@ -44,16 +44,19 @@ bench_plan went from -6..+40% to -17..+18%.
 A step's factor mixes the two by its share of prompt tokens (`factor_for`): a chunk of 1,536 prompt tokens
 with five decode rows is served as a prompt, a decode batch as decode.
 
-  per_streamed_token_s
-                     added to a served step for each token it samples (each streams out): what the router and
-                     the client spend on a token comes out of the steps where the workers' threads fill the
-                     host's cores (a preempted thread holds the others at the next barrier), so the slowdown
-                     grows with the batch, which no factor does. In the served steps of 2026-11-27 18:30 (Intel
-                     Xeon AVX-512, 2 cores) the served-over-profiled gap grew from 7 ms at one row to 16 ms at
-                     5-8 (one worker of 2 threads), 16 to 22 ms at 1 to 3-4 (two of 1 thread): 1.1-3.1 ms a
-                     token fitted, and a factor fitted to a load of 1-4 rows under-priced every larger batch
-                     (bench_plan's long-outputs TPOT under-predicted 7-24% in every pass). 0 where not
-                     calibrated: a GPU host's cores are spare.
+  per_served_row_s   added to a served step for each row it samples, either sign: what the served steps take per
+                     row beyond the profile's price of it. Two things in one term, since the calibration sees
+                     only their sum: what the router and the client spend on each streamed token comes out of
+                     the steps where the workers' threads fill the host's cores (a preempted thread holds the
+                     others at the next barrier), and the profile's own error in its price of a row (its grid
+                     of isolated steps, fitted over 1-128 rows, prices some batch sizes high on one day and low
+                     on another). A factor cannot follow either: both grow with the batch. In the served steps of
+                     2026-11-27 18:30 (Intel Xeon AVX-512, 2 cores) the gap grew from 7 ms at one row to 16 ms
+                     at 5-8, and a factor fitted to a load of 1-4 rows under-priced every larger batch
+                     (bench_plan's long-outputs TPOT under-predicted 7-24%); on 2026-11-28 02:15 a profile that
+                     priced 17-24-row steps 18% above their served time (and 1-row ones at it) left bursts'
+                     TPOT over-predicted. Never below minus the profile's price of a decode row (the fit's
+                     bound). 0 where not calibrated: a GPU host's cores are spare.
 
   prompt_contention_s, prompt_contention_per_token_s
                      the time a step with prompt tokens is served longer while the host's other workers
@@ -67,6 +70,7 @@ with five decode rows is served as a prompt, a decode batch as decode.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 
@@ -79,6 +83,8 @@ class Neighbours:
 
 
 _MAY_BE_NONE = ("alone_step_factor", "prefill_factor", "beside_prefill_factor")
+_SIGNED = ("per_served_row_s",)
+_RENAMED = {"per_streamed_token_s": "per_served_row_s"}  # profiles saved before 2026-11-28 02:30
 
 
 @dataclass(frozen=True)
@@ -93,12 +99,14 @@ class ServingCost:
     beside_prefill_factor: float | None = None  # a decode step beside prefilling neighbours; None: as alone
     prompt_contention_s: float = 0.0  # a step with prompt tokens, its other workers decoding: added seconds
     prompt_contention_per_token_s: float = 0.0  # ... and added seconds per prompt token of it
-    per_streamed_token_s: float = 0.0  # a served step's added seconds per token it samples (see the module doc)
+    per_served_row_s: float = 0.0  # a served step's added seconds per row it samples, signed (the module doc)
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if not (value is None and f.name in _MAY_BE_NONE) and not value >= 0:
+            if value is None and f.name in _MAY_BE_NONE or f.name in _SIGNED and math.isfinite(value):
+                continue
+            if not value >= 0:
                 raise ValueError(f"serving cost {f.name} must be >= 0, got {value}")
 
     def factor_at(self, others_busy: float | None) -> float:
@@ -129,13 +137,13 @@ class ServingCost:
             return 0.0
         return neighbours.decoding * (self.prompt_contention_s + self.prompt_contention_per_token_s * prompt_tokens)
 
-    def streamed(self, sampled_rows: int) -> float:
-        """The seconds a served step takes longer for the `sampled_rows` tokens it streams out."""
-        return self.per_streamed_token_s * sampled_rows
+    def per_rows(self, sampled_rows: int) -> float:
+        """The seconds a served step of `sampled_rows` sampled rows takes beyond its factored price (either sign)."""
+        return self.per_served_row_s * sampled_rows
 
     def to_dict(self) -> dict[str, float | None]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "ServingCost":
-        return cls(**{k: None if v is None else float(v) for k, v in data.items()})
+        return cls(**{_RENAMED.get(k, k): None if v is None else float(v) for k, v in data.items()})

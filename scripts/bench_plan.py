@@ -454,7 +454,7 @@ def main(argv=None) -> None:
                      f"{folder}\n\n{table(rows)}\n\n{summary(rows)}")  # fmt: skip
         if steps := steps_table(rows):
             texts.append("The served steps of each run (traced) against the model's price of the same steps (the "
-                         "profile, serving's factors and its time per streamed token: `scripts/bench_plan_steps.py`):"
+                         "profile, serving's factors and its time per sampled row: `scripts/bench_plan_steps.py`):"
                          f"\n\n{steps}")  # fmt: skip
     if len(passes) > 1:
         texts.append(f"Over the {len(passes)} passes:\n\n{over_passes(passes)}")

@@ -4,7 +4,7 @@ Each real run of `scripts/bench_plan.py` serves with every worker tracing its en
 (`runtime.step_trace`, one folder per layout, the run's window on the host's monotonic clock kept in the
 manifest). For the steps inside a run's window this sets their served seconds against what the simulator
 would charge for the same shapes (`Profile.served_step_seconds`: the profile's price times serving's factor
-for the step's neighbours and prompt share, plus its streamed tokens). A ratio near 1 puts the row's error
+for the step's neighbours and prompt share, plus its time per sampled row). A ratio near 1 puts the row's error
 in the scheduling or the time around the steps; far from it, in the prices themselves (or the machine's
 drift: the pace columns say which).
 

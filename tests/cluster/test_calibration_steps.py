@@ -41,10 +41,10 @@ def test_one_worker_gets_a_factor_for_decode_rows_one_for_prompt_tokens_a_time_p
 
     lines = {"decode-0-1": _worker(profile, shapes, factor)}
     assert steps.step_factors(profile, lines) == {"step_factor": pytest.approx(1.2), "prefill_factor": pytest.approx(1.5),
-                                                  "per_streamed_token_s": pytest.approx(0.002)}  # fmt: skip
+                                                  "per_served_row_s": pytest.approx(0.002)}  # fmt: skip
     assert steps.round_gap(lines) == pytest.approx(0.001)
     few_prompts = {"decode-0-1": lines["decode-0-1"][:64]}  # 4 steps with prompt tokens: the idle factor is kept
-    assert set(steps.step_factors(profile, few_prompts)) == {"step_factor", "per_streamed_token_s"}
+    assert set(steps.step_factors(profile, few_prompts)) == {"step_factor", "per_served_row_s"}
     assert steps.step_factors(profile, {"decode-0-1": lines["decode-0-1"][:10]}) is None  # too few to fit
 
 
@@ -53,7 +53,23 @@ def test_steps_that_all_stream_as_many_tokens_get_a_factor_only():
     profile = _profile()
     decode = StepShape.decode(8, 300)
     lines = {"decode-0-1": _worker(profile, [(decode, 0)] * 40, lambda *_: 1.3)}
-    assert steps.step_factors(profile, lines) == {"step_factor": pytest.approx(1.3), "per_streamed_token_s": 0.0}
+    assert steps.step_factors(profile, lines) == {"step_factor": pytest.approx(1.3), "per_served_row_s": 0.0}
+
+
+def test_large_batches_served_below_their_price_get_a_negative_time_per_row_bounded_by_the_rows_price():
+    """A profile that prices each row 1 ms above what serving takes: the fit takes it off, and no more than the
+    profile's own price of a row."""
+    profile = _profile()
+    row = profile.step_seconds(StepShape.decode(2, 0)) - profile.step_seconds(StepShape.decode(1, 0))
+    shapes = [(StepShape.decode(rows, 300), 0) for rows in (1, 4, 8, 16, 24)] * 10
+
+    def served_at(per_row):
+        return lambda t, shape, _: 1 + per_row * shape.sampled_rows / profile.step_seconds(shape)
+
+    fitted = steps.step_factors(profile, {"decode-0-1": _worker(profile, shapes, served_at(-0.001))})
+    assert fitted == {"step_factor": pytest.approx(1.0), "per_served_row_s": pytest.approx(-0.001)}
+    lower = steps.step_factors(profile, {"decode-0-1": _worker(profile, shapes, served_at(-2 * row))})
+    assert lower["per_served_row_s"] == pytest.approx(-row)
 
 
 def test_several_workers_get_the_line_from_a_step_alone_to_one_beside_a_stepping_neighbour():

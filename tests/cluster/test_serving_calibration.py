@@ -116,6 +116,15 @@ def test_the_stream_beside_the_prefilling_probes_fits_the_factor_of_a_decode_ste
     assert alone.beside_prefill_factor is None  # one worker: no neighbour to measure beside
 
 
+def test_the_load_ends_in_a_burst_of_requests_for_every_worker_after_the_poisson_arrivals():
+    requests = calibration._load(_profile(), 2)
+    burst = requests[-2 * calibration.BURST_PER_WORKER:]
+    poisson = requests[:-len(burst)]
+    assert len(poisson) == calibration.LOAD["num_prompts"]
+    assert {r.arrival_s for r in burst} == {poisson[-1].arrival_s + calibration.BURST_AFTER_S}
+    assert min(r.output_len for r in burst) < 32 < 96 < max(r.output_len for r in burst)  # the batch shrinks
+
+
 def test_a_kept_record_is_fitted_to_the_same_costs_again(tmp_path):
     """What bench_plan's --refit reads: the measurements as JSON, the fit from them the same as from the live ones."""
     profile = _profile()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,16 @@ def test_prompt_tokens_are_served_at_their_factor_decode_rows_slowed_by_decoding
     assert ServingCost.from_dict(older).prefill_factor is None
     with pytest.raises(ValueError, match="prefill_factor must be >= 0"):
         ServingCost(prefill_factor=-1.0)
+
+
+def test_the_time_per_sampled_row_takes_either_sign_and_reads_from_its_earlier_name():
+    assert ServingCost(per_served_row_s=-0.001).per_rows(8) == pytest.approx(-0.008)  # the profile priced rows high
+    assert ServingCost.from_dict({"per_streamed_token_s": 0.002}).per_served_row_s == 0.002  # kept before the rename
+    with pytest.raises(ValueError, match="per_served_row_s must be >= 0"):
+        ServingCost(per_served_row_s=float("nan"))
+    profile = hand_profile()
+    cheap = dataclasses.replace(profile, serving=ServingCost(per_served_row_s=-1.0))
+    assert cheap.served_step_seconds(StepShape.decode(4, 100), 0, None) == 0.0  # never below nothing
 
 
 def test_prompt_contention_is_a_line_in_prompt_tokens_at_the_share_of_neighbours_decoding():

@@ -43,7 +43,7 @@ def test_each_streamed_token_adds_its_time_to_the_step_that_samples_it():
     """The first case with 2 ms a streamed token: A's first chunk samples nothing (74 ms), the next step samples
     A's and B's first tokens (56 + 4 ms), then two rows (12 + 4 ms), then one (11 + 2 ms)."""
     profile = hand_profile()
-    profile = dataclasses.replace(profile, serving=dataclasses.replace(profile.serving, per_streamed_token_s=0.002))
+    profile = dataclasses.replace(profile, serving=dataclasses.replace(profile.serving, per_served_row_s=0.002))
     layout = Layout(PoolLayout(0, None), PoolLayout(1, profile), LIMITS, arrival_window=NO_WINDOW)
     result = simulate(layout, [SimRequest(0.0, prompt(100), 3), SimRequest(0.05, prompt(10, 900), 2)])
     a, b = result.requests

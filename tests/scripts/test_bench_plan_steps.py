@@ -21,7 +21,7 @@ def _trace(path, steps):
 
 def test_one_workers_steps_in_the_window_against_their_price_with_serving(tmp_path):
     profile = hand_profile()  # 10 ms + 1 ms a token
-    serving = dataclasses.replace(profile.serving, step_factor=1.0, prefill_factor=1.0, per_streamed_token_s=0.002)
+    serving = dataclasses.replace(profile.serving, step_factor=1.0, prefill_factor=1.0, per_served_row_s=0.002)
     profile = dataclasses.replace(profile, serving=serving)
     decode, prompt = StepShape.decode(4, 100), StepShape.prefill(90)  # priced 14 + 8 ms, 100 + 2 ms
     _trace(tmp_path / "decode-0-1.jsonl", [(0.0, 0.5, prompt, 90),  # before the window
