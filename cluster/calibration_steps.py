@@ -39,6 +39,7 @@ from runtime.step_trace import read_step_trace
 MAX_ROUND_GAP_S = 0.05  # a longer wait between two steps is the loop idle (no work), not its round
 MIN_STEPS = 20  # fewer served steps than this fit nothing (the load was too short)
 MIN_ROW_COUNTS = 3  # steps that sampled fewer different numbers of rows: no time per sampled row
+STALL_RATIO = 1.8  # a served step this many times its fitted time was stalled by the VM: left out of the fit
 MIN_PROMPT_STEPS = 5  # fewer steps with prompt tokens: the idle phase's prefill factor is kept
 _SHAPE = tuple(f.name for f in dataclasses.fields(StepShape))  # a trace line's keys that are its step's shape
 
@@ -137,12 +138,20 @@ class _Fit:
         """Coefficients of served ~ sum(c_i * scaled_i) + c * rows, each step's squared error over its profiled
         time: the least squares of its served / profiled ratio weighted by that time (a TPOT is a sum of step
         times, so a long step counts for more). The factors first (>= 0), the time per row last (>= minus the
-        row's price): 0 where the steps sampled too few different counts of rows to tell it from the factors."""
-        from scipy.optimize import lsq_linear
+        row's price): 0 where the steps sampled too few different counts of rows to tell it from the factors.
 
-        weight = np.sqrt(priced)
+        Steps served at more than `STALL_RATIO` times a first, robust fit are left out: a few steps the VM
+        stalled for a second (384-token prompts served in 1.0-1.5 s where their neighbours took 0.5, 2026-11-28
+        03:12) pulled every factor of a load up by half, and no served step of the runs it priced was slowed so."""
+        from scipy.optimize import least_squares, lsq_linear
+
         with_rows = len(np.unique(rows)) >= MIN_ROW_COUNTS
-        columns = [*scaled, rows] if with_rows else scaled
-        lower = [0.0] * len(scaled) + ([-self.row_price_s] if with_rows else [])
-        coef = lsq_linear(np.column_stack(columns) / weight[:, None], served / weight, bounds=(lower, np.inf)).x
+        design = np.column_stack([*scaled, rows] if with_rows else scaled)
+        bounds = ([0.0] * len(scaled) + ([-self.row_price_s] if with_rows else []), np.inf)
+        weight = np.sqrt(priced)
+        start = np.array([1.0] * len(scaled) + ([0.0] if with_rows else []))
+        robust = least_squares(lambda c: (design @ c - served) / priced * np.sqrt(priced / priced.mean()), start,
+                               bounds=bounds, loss="soft_l1", f_scale=0.1).x  # fmt: skip
+        kept = served <= STALL_RATIO * np.maximum(design @ robust, 1e-9)
+        coef = lsq_linear(design[kept] / weight[kept, None], served[kept] / weight[kept], bounds=bounds).x
         return [float(c) for c in coef] + [0.0] * (len(scaled) + 1 - len(coef))

@@ -1,7 +1,8 @@
 """bench_cluster.py's output: one Markdown table per sweep (with its targets checked) and a bar chart per sweep.
 
-A row is a bench_serving.py result dict plus `config` (the row label) and
-`prefix_hit_rate` (from the server's /metrics, None when it has none).
+A row is a bench_serving.py result dict plus `config` (the row label), `prefix_hit_rate` (from the
+server's /metrics, None when it has none) and, for Tandem's rows, `predicted`: `tandem simulate`'s result for
+the same layout and load (`cluster_bench.predict`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import operator
 from pathlib import Path
 
+from .predict import COMPARED, error
 from .sweeps import Sweep
 
 COLUMNS = (  # (header, result key, format)
@@ -38,6 +40,27 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def prediction_table(rows: list[dict]) -> list[str]:
+    """Measured against predicted for the rows the model priced: each cell "measured / predicted (error)"."""
+    priced = [r for r in rows if r.get("predicted")]
+    if not priced:
+        return []
+    lines = ["Measured / predicted by `tandem simulate` (error):", "",
+             "| configuration | " + " | ".join(h for _, h in COMPARED) + " |", "|---" * (len(COMPARED) + 1) + "|"]
+    for row in priced:
+        lines.append(f"| {row['config']} | " + " | ".join(_compared(row, key) for key, _ in COMPARED) + " |")
+    return lines
+
+
+def _compared(row: dict, key: str) -> str:
+    real, pred = row.get(key), row["predicted"].get(key)
+    fmt = "{:.2f}" if key in ("request_goodput", "request_throughput") else "{:.0f}" if key.endswith("ttft_ms") \
+        else "{:.1f}"  # fmt: skip
+    cells = ["–" if v is None else fmt.format(v) for v in (real, pred)]
+    err = error(pred, real)
+    return f"{cells[0]} / {cells[1]}" + ("" if err is None else f" ({err:+.0%})")
+
+
 def check_targets(sweep: Sweep, rows: list[dict]) -> list[str]:
     """One line per target: the measured ratio against its bound, met or not (missing rows say so)."""
     by_label = {r["config"]: r for r in rows}
@@ -55,9 +78,10 @@ def check_targets(sweep: Sweep, rows: list[dict]) -> list[str]:
 
 
 def section(sweep: Sweep, rows: list[dict], engine: dict) -> list[str]:
-    knobs = ", ".join(f"{k}={v}" for k, v in engine.items())
+    knobs = ", ".join(f"{k}={v}" for k, v in engine.items() if v is not None) or "the defaults"
     return [f"### {sweep.title}", "", f"Workload `{sweep.workload.name}`: {sweep.workload.description}. "
-            f"Engine (Tandem and vLLM alike): {knobs}.", "", *table(rows), "", *check_targets(sweep, rows)]  # fmt: skip
+            f"Engine (Tandem and vLLM alike): {knobs}.", "", *table(rows), "", *check_targets(sweep, rows),
+            *(["", *prediction] if (prediction := prediction_table(rows)) else [])]  # fmt: skip
 
 
 def bar_chart(path: Path, sweep: Sweep, rows: list[dict]) -> Path:

@@ -57,10 +57,10 @@ def peer_dtype() -> str:
 
 
 def vllm_command(python: str, model_dir: str, served_model_name: str, port: int, engine: dict) -> list[str]:
+    knobs = [flag for knob in ("max_model_len", "max_num_batched_tokens", "max_num_seqs") if engine.get(knob)
+             for flag in (f"--{knob.replace('_', '-')}", str(engine[knob]))]  # those not given: vLLM's defaults
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name",
-            served_model_name, "--dtype", peer_dtype(), "--max-model-len", str(engine["max_model_len"]),
-            "--max-num-batched-tokens", str(engine["max_num_batched_tokens"]), "--max-num-seqs",
-            str(engine["max_num_seqs"]), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+            served_model_name, "--dtype", peer_dtype(), *knobs, "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
 
 
 def vllm_env(python: str, threads: int) -> dict[str, str]:

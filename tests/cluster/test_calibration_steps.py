@@ -72,6 +72,18 @@ def test_large_batches_served_below_their_price_get_a_negative_time_per_row_boun
     assert lower["per_served_row_s"] == pytest.approx(-row)
 
 
+def test_steps_the_vm_stalled_are_left_out_of_the_fit():
+    """Five of 60 steps served at 3x their time (a stalled VM) would pull a least-squares factor to ~1.3."""
+    profile = _profile()
+    shapes = [(StepShape.decode(rows, 300), 0) for rows in (1, 2, 4, 8)] * 15
+    stalled = {3, 17, 30, 44, 58}
+    lines = _worker(profile, shapes, lambda *_: 1.1)
+    for i in stalled:
+        lines[i]["s"] *= 3
+    fitted = steps.step_factors(profile, {"decode-0-1": lines})
+    assert fitted == {"step_factor": pytest.approx(1.1), "per_served_row_s": pytest.approx(0.0, abs=1e-9)}
+
+
 def test_several_workers_get_the_line_from_a_step_alone_to_one_beside_a_stepping_neighbour():
     profile = _profile()
     decode = StepShape.decode(4, 200)

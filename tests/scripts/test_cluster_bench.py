@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from scripts.cluster_bench.report import check_targets
+from scripts.cluster_bench import predict
+from scripts.cluster_bench.report import check_targets, prediction_table
 from scripts.cluster_bench.servers import hit_rate_between, tandem_hit_rate
 from scripts.cluster_bench.sweeps import COLOCATED, DISAGGREGATED, FULL, deployments, scaled, sweeps
 
@@ -27,6 +28,28 @@ def test_targets_give_the_ratio_and_the_verdict_or_say_what_is_missing():
     assert "not measurable" in goodput  # no ratio to a zero goodput
     rows[1]["request_goodput"], rows[1]["p99_tpot_ms"] = 0.4, 100.0
     assert all("**not met**" in line for line in check_targets(mixed, rows))
+
+
+def test_a_configuration_and_its_load_become_tandem_simulates_flags():
+    routing = sweeps(FULL, ("routing",))[0]
+    flags = predict.layout_flags(routing.configs[2], {"max_num_seqs": 64, "max_model_len": None})
+    assert flags == ("--num-prefill", "2", "--num-decode", "1", "--torch-threads", "1", "--routing-policy",
+                     "round_robin", "--max-num-seqs", "64")  # fmt: skip  (a knob not given: the default)
+    workload = predict.workload_flags(routing.workload)
+    assert workload[workload.index("--dataset-name") + 1] == "prefix_repetition"  # simulate's spelling
+    assert len(workload) == len(routing.workload.flags)
+
+
+def test_the_prediction_table_sets_each_metric_beside_its_measurement_with_the_error():
+    rows = [{"config": "1P+1D", "mean_ttft_ms": 200.0, "p99_tpot_ms": 50.0, "request_goodput": 0.5,
+             "predicted": {"mean_ttft_ms": 220.0, "p99_tpot_ms": 40.0, "request_goodput": 0.5}},
+            {"config": "vLLM", "mean_ttft_ms": 100.0}]  # fmt: skip
+    header, rule, row = prediction_table(rows)[2:]
+    assert header.startswith("| configuration | TTFT mean |") and rule.count("|---") == 7
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[0] == "1P+1D" and cells[1] == "200 / 220 (+10%)" and cells[4] == "50.0 / 40.0 (-20%)"
+    assert cells[2] == "– / –" and cells[6] == "0.50 / 0.50 (+0%)"  # not measured: a dash; vLLM: no row
+    assert prediction_table(rows[1:]) == []
 
 
 METRICS = """# HELP tandem:worker_prefix_cache_hit_rate A worker's own prefix-cache hit rate.
