@@ -150,8 +150,10 @@ class _Fit:
         bounds = ([0.0] * len(scaled) + ([-self.row_price_s] if with_rows else []), np.inf)
         weight = np.sqrt(priced)
         start = np.array([1.0] * len(scaled) + ([0.0] if with_rows else []))
-        robust = least_squares(lambda c: (design @ c - served) / priced * np.sqrt(priced / priced.mean()), start,
-                               bounds=bounds, loss="soft_l1", f_scale=0.1).x  # fmt: skip
+        # The same weighted residuals, scaled so that 0.1 is an error of a tenth of a step of the mean price.
+        scale = 1.0 / np.sqrt(priced.mean())
+        robust = least_squares(lambda c: (design @ c - served) / weight * scale, start, bounds=bounds,
+                               loss="soft_l1", f_scale=0.1).x  # fmt: skip
         kept = served <= STALL_RATIO * np.maximum(design @ robust, 1e-9)
         coef = lsq_linear(design[kept] / weight[kept, None], served[kept] / weight[kept], bounds=bounds).x
         return [float(c) for c in coef] + [0.0] * (len(scaled) + 1 - len(coef))

@@ -42,7 +42,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +54,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_loads import chosen_layout, tandem_serve, vllm_bench  # noqa: E402
 from bench_report import add_markdown_option, git_commit, machine_line, record_run, run_text  # noqa: E402
 from bench_plan_steps import served_steps, steps_table  # noqa: E402
+from cluster_bench.predict import tandem_cli  # noqa: E402
 from machine_pace import Pace, machine_pace  # noqa: E402
 
 from costmodel import Profile  # noqa: E402
@@ -110,11 +110,8 @@ def measured(url: str, tokenizer: str, workload: Workload, seed: int, out: Path)
 
 def predicted(layout: tuple[str, ...], workload: Workload, seed: int, out: Path, profile: Path | None) -> dict:
     """`tandem simulate` of the row, on `profile` (None: this machine's cached profiles)."""
-    cmd = [sys.executable, "-m", "cluster.cli", "simulate", *layout, *workload.flags, *COMMON, "--seed", str(seed),
-           "--result-json", str(out), *(["--profile", str(profile)] if profile else [])]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"tandem simulate failed on {workload.name}: {done.stderr[-2000:]}")
+    tandem_cli(["simulate", *layout, *workload.flags, *COMMON, "--seed", str(seed), "--result-json", str(out),
+                *(["--profile", str(profile)] if profile else [])], f"tandem simulate on {workload.name}", 3600)  # fmt: skip
     return json.loads(out.read_text())
 
 
@@ -168,16 +165,15 @@ def _summary_table(rows: list[dict], pred: str = "pred") -> str:
 def reprofile(threads: list[int]) -> None:
     """This machine's step costs measured again now (`tandem profile --refresh`), for each thread count."""
     for t in threads:
-        subprocess.run([sys.executable, "-m", "cluster.cli", "profile", "--refresh", "--torch-threads", str(t)],
-                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+        tandem_cli(["profile", "--refresh", "--torch-threads", str(t)], "tandem profile --refresh")
 
 
 def calibrate(flags: tuple[str, ...], out: Path) -> None:
     """The profile of a layout's workers with serving's costs measured now, just before the layout is
     (`tandem profile --serving`, written to `out`): the machine drifts by 10-40% within an hour, so a
     prediction priced by a calibration of an hour before measures the drift as much as the model."""
-    subprocess.run([sys.executable, "-m", "cluster.cli", "profile", "--serving", "--torch-threads",
-                    str(layout_threads(flags)), "-o", str(out)], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    tandem_cli(["profile", "--serving", "--torch-threads", str(layout_threads(flags)), "-o", str(out)],
+               "tandem profile --serving")  # fmt: skip
 
 
 def layout_threads(flags: tuple[str, ...]) -> int:

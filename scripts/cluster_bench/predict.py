@@ -52,10 +52,7 @@ def calibrate(config: Config, model: str | None, engine: dict) -> None:
     flags = ["--model", model] if model else []
     if engine.get("max_num_batched_tokens"):
         flags += ["--max-num-batched-tokens", str(engine["max_num_batched_tokens"])]
-    done = subprocess.run([sys.executable, "-m", "cluster.cli", "profile", "--serving", "--torch-threads",
-                           str(config.torch_threads), *flags], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"tandem profile --serving failed: {done.stderr[-2000:]}")
+    tandem_cli(["profile", "--serving", "--torch-threads", str(config.torch_threads), *flags], "tandem profile --serving")
 
 
 def predicted(config: Config, workload: Workload, engine: dict, model: str | None, out: Path,
@@ -64,12 +61,18 @@ def predicted(config: Config, workload: Workload, engine: dict, model: str | Non
     priced with `profile` (a file) or this machine's cached profiles."""
     model_flags = ["--model", model] if model else []
     profile_flags = ["--profile", profile] if profile else []
-    cmd = [sys.executable, "-m", "cluster.cli", "simulate", *layout_flags(config, engine), *model_flags,
-           *workload_flags(workload), *METRIC_FLAGS, *profile_flags, "--result-json", str(out)]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"tandem simulate failed on {workload.name} ({config.label}): {done.stderr[-2000:]}")
+    tandem_cli(["simulate", *layout_flags(config, engine), *model_flags, *workload_flags(workload), *METRIC_FLAGS,
+                *profile_flags, "--result-json", str(out)], f"tandem simulate on {workload.name} ({config.label})")  # fmt: skip
     return json.loads(out.read_text())
+
+
+def tandem_cli(args: list[str], what: str, timeout_s: float | None = None) -> None:
+    """`tandem ARGS` from this tree (the benchmarks' profile, calibration and simulation runs); its error's tail
+    raised when it fails."""
+    done = subprocess.run([sys.executable, "-m", "cluster.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed: {done.stderr[-2000:]}")
 
 
 def error(pred: float | None, real: float | None) -> float | None:

@@ -54,8 +54,7 @@ def prediction_table(rows: list[dict]) -> list[str]:
 
 def _compared(row: dict, key: str) -> str:
     real, pred = row.get(key), row["predicted"].get(key)
-    fmt = "{:.2f}" if key in ("request_goodput", "request_throughput") else "{:.0f}" if key.endswith("ttft_ms") \
-        else "{:.1f}"  # fmt: skip
+    fmt = "{:.2f}" if key == "request_goodput" else "{:.0f}" if key.endswith("ttft_ms") else "{:.1f}"
     cells = ["–" if v is None else fmt.format(v) for v in (real, pred)]
     err = error(pred, real)
     return f"{cells[0]} / {cells[1]}" + ("" if err is None else f" ({err:+.0%})")
