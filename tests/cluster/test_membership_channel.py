@@ -16,7 +16,7 @@ from cluster.router_sync import RouterSync
 from router.policy import make_policy
 from router.registry import WorkerRegistry
 from tests.cluster.fakes import FakeWorker
-from tests.kvtransfer.hostile import close_all, wait_refused
+from tests.kvtransfer.hostile import close_all, send_unless_refused, wait_refused
 from wire.codec import encode
 from wire.control import ControlCall
 from wire.control_sockets import control_socket
@@ -109,7 +109,7 @@ def test_a_forged_report_from_a_member_that_is_not_the_router_is_never_taken(sen
     forger = control_socket(zmq.Context.instance(), zmq.DEALER)
     connect_secured(forger, controller.service.address, key=key, sender=sender)
     dead = MemberView("decode-0", "", alive=False, draining=False, in_flight=0)
-    forger.send(encode(ControlCall(1, "sync", MembershipReport(-1, (dead,)))))
+    send_unless_refused(forger, encode(ControlCall(1, "sync", MembershipReport(-1, (dead,)))))
     assert forger.poll(1000, zmq.POLLIN) == 0  # never answered
     wait_refused(refusals, before, "membership", reasons=("unauthenticated",))
     assert controller.membership.snapshot() == {}  # no report was taken: nothing says decode-0 is dead

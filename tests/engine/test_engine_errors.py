@@ -48,7 +48,8 @@ def test_bad_sampling_values_raise_value_error(kwargs):
 
 def test_duplicate_request_id_and_abort_free_blocks(llm):
     engine = llm.engine
-    engine.add_request("a", {"prompt_token_ids": list(range(3, 40))}, SamplingParams(max_tokens=8))
+    # ignore_eos: a sampled first token can be the tiny model's EOS, which would end it (and free it) in step 1.
+    engine.add_request("a", {"prompt_token_ids": list(range(3, 40))}, SamplingParams(max_tokens=8, ignore_eos=True))
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("a", {"prompt_token_ids": [3]}, SamplingParams(max_tokens=8))
     engine.step()  # the prompt is being computed: blocks are held
