@@ -36,6 +36,15 @@ class CalibrationRecord:
     beside: list[BesideRound] | None = None
     loaded_steps: dict[str, list[dict]] | None = None
 
+    def idle_prefill_spread(self) -> float | None:
+        """How far the machine moved under the calibration: its idle prefills (the same prompt's compute each
+        time, half before the load and half after) as the second-largest over the second-smallest, so that one
+        preempted prefill moves nothing. None without the worker's phases (or fewer than four idle requests)."""
+        prefills = sorted(o.phases.get("prefill_s", 0.0) for o in self.idle)
+        if len(prefills) < 4 or prefills[0] <= 0:
+            return None
+        return prefills[-2] / prefills[1]
+
     def save(self, path: str | Path) -> None:
         data = {"version": VERSION, "replicas": self.replicas, "idle": [dataclasses.asdict(o) for o in self.idle],
                 "requests": [[r.arrival_s, list(r.prompt), r.output_len] for r in self.requests],

@@ -134,3 +134,33 @@ def test_a_kept_record_is_fitted_to_the_same_costs_again(tmp_path):
     again = CalibrationRecord.load(tmp_path / "calibration.json")
     assert again == record
     assert calibration.fitted(profile, again).serving == calibration.fitted(profile, record).serving
+
+
+def _idle_record(prefills: list[float]) -> CalibrationRecord:
+    idle = [_served(calibration.IDLE_PROMPT, calibration.IDLE_OUTPUT, p + 0.05, 0.02, {"prefill_s": p})
+            for p in prefills]  # fmt: skip
+    return CalibrationRecord(1, idle, [], [])
+
+
+def test_the_idle_prefills_spread_says_how_far_the_machine_moved_and_one_preempted_prefill_moves_nothing():
+    assert _idle_record([0.6] * 4 + [1.1] + [0.6] * 4 + [0.5]).idle_prefill_spread() == pytest.approx(1.0)
+    assert _idle_record([0.6, 0.62, 0.9, 0.95, 1.0, 0.61]).idle_prefill_spread() == pytest.approx(0.95 / 0.61)
+    assert CalibrationRecord(1, [_served(256, 32, 0.3, 0.02)] * 10, [], []).idle_prefill_spread() is None
+
+
+@pytest.mark.parametrize("spreads, measured, kept", [
+    ([1.1], 1, 1.1),  # steady: measured once
+    ([1.6, 1.2], 2, 1.2),  # moved, then steady
+    ([1.6, 1.8, 1.4], 3, 1.4),  # moved every time: the steadiest of CALIBRATIONS
+])
+def test_a_calibration_the_machine_moved_under_is_measured_again_and_the_steadiest_kept(spreads, measured, kept):
+    records = iter(_idle_record([0.5] * 5 + [0.5 * s] * 5) for s in spreads)
+    calls, said = [], []
+
+    def measure() -> CalibrationRecord:
+        calls.append(1)
+        return next(records)
+
+    record = calibration.steadiest(measure, said.append)
+    assert len(calls) == measured == len(said) + 1 and calibration.CALIBRATIONS == 3
+    assert record.idle_prefill_spread() == pytest.approx(kept)
