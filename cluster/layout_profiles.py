@@ -30,7 +30,7 @@ class ProfileFiles:
 def engine_limits(spec: ClusterSpec) -> EngineLimits:
     e = spec.engine
     return EngineLimits(e.max_num_seqs, e.max_num_batched_tokens, e.max_model_len, e.block_size,
-                        e.enable_prefix_caching, e.kv_cache_memory, e.num_kv_blocks)  # fmt: skip
+                        e.enable_prefix_caching, e.kv_cache_memory, e.num_kv_blocks, e.quantization)  # fmt: skip
 
 
 def router_knobs(spec: ClusterSpec) -> RouterKnobs:

@@ -70,6 +70,8 @@ class EngineSpec(_Strict):
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = Field(None, gt=0)  # bytes per worker
     num_kv_blocks: int | None = Field(None, ge=1)
+    # "auto": a GGUF model's linears in the file's quantized blocks (engine.gguf_weights); "none": widened
+    quantization: Literal["auto", "none"] = "auto"
 
     @model_validator(mode="after")
     def _one_cache_size(self) -> "EngineSpec":

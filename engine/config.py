@@ -55,6 +55,9 @@ def parse_dtype(dtype: str | torch.dtype | None, device: str = "cpu") -> torch.d
     return _DTYPES[dtype]
 
 
+QUANTIZATIONS = ("auto", "none")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """Llama-3 style frequency-dependent rope scaling (rope_type "llama3")."""
@@ -218,6 +221,9 @@ class EngineConfig:
     attention_backend: str = "auto"
     seed: int = 0
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    # "auto": a model converted from a GGUF file keeps the file's quantized blocks where the CPU kernels
+    # multiply them (engine.gguf_weights); "none": every weight widened to `dtype`
+    quantization: str = "auto"
 
     def __post_init__(self):
         from engine.attention import BACKENDS, resolve_backend
@@ -227,6 +233,8 @@ class EngineConfig:
         check_tensor_parallel(m.num_heads, m.num_kv_heads, m.intermediate_size, self.parallel.tp_size)
         self.parallel.resolve_backend(self.device)
 
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.attention_backend not in BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {self.attention_backend!r}")
         if resolve_backend(self.attention_backend, self.device) == "triton":

@@ -85,7 +85,7 @@ def _has_weights(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
 
-def _source_identity(gguf: Path) -> dict:
+def source_identity(gguf: Path) -> dict:
     """What a conversion records of its source, so a replaced or edited GGUF never passes for it."""
     stat = gguf.stat()
     return {"source": str(gguf), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
@@ -98,7 +98,7 @@ def _damage(folder: Path, gguf: Path) -> str | None:
         marker = json.loads((folder / DONE_MARKER).read_text())
     except (OSError, ValueError):
         return "no done-marker"
-    if marker != _source_identity(gguf):
+    if marker != source_identity(gguf):
         return "its done-marker names another source"
     if not _has_weights(folder):
         return "no config.json or no safetensors file"
@@ -170,7 +170,7 @@ def _write_done_marker(folder: Path, gguf: Path) -> None:
         if entry.is_file():
             _fsync(entry)
     marker = folder / DONE_MARKER
-    marker.write_text(json.dumps(_source_identity(gguf)))
+    marker.write_text(json.dumps(source_identity(gguf)))
     os.chmod(marker, 0o600)
     _fsync(marker)
 

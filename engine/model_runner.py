@@ -23,11 +23,13 @@ import torch.distributed as dist
 from engine.attention import AttentionShapes, select_backend
 from engine.config import EngineConfig
 from engine.cpu_memory import keep_freed_memory
+from engine.gguf_weights import attach_gguf_blocks
 from engine.kv_cache import allocate_kv_caches, num_blocks_for
 from engine.layers.ops import layer_ops
 from engine.layers.rotary import RotaryEmbedding
 from engine.model_input import ModelInput, build_model_input
 from engine.models import MODEL_REGISTRY
+from engine.native import load_cpu_kernels
 from engine.parallel.group import SINGLE, TPGroup, destroy_tp_group, init_tp_group
 from engine.parallel.shard import num_kv_heads_per_rank
 from engine.parallel.step_broadcast import StepReceiver, StepSender
@@ -65,12 +67,27 @@ def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = S
     model.tie_weights()  # to_empty() gives each parameter its own storage
     _rebuild_rotary_tables(model, config)
     load_weights(model, config.model_dir, show_progress=show_progress)
-    model.prepare(layer_ops(config.device, config.dtype, model.linear_shapes(), model.op_shapes()))
+    blocks = _gguf_blocks(model, config)
+    model.prepare(layer_ops(config.device, config.dtype, model.linear_shapes(), model.op_shapes(),
+                            model.quantized_shapes()))  # fmt: skip
     logger.info(
-        "loaded %s from %s in %.1fs (%s layer ops)",
-        config.model.architecture, config.model_dir, time.perf_counter() - start, model.ops.name,
+        "loaded %s from %s in %.1fs (%s; %s layer ops)",
+        config.model.architecture, config.model_dir, time.perf_counter() - start, blocks, model.ops.name,
     )
     return model
+
+
+def _gguf_blocks(model: torch.nn.Module, config: EngineConfig) -> str:
+    """Attach a GGUF model's quantized blocks to its linears where they are served so (`engine.gguf_weights`:
+    on the CPU in float32 or bfloat16, with the native kernels built, unless quantization is "none"); what
+    was done, as text."""
+    native = config.device == "cpu" and config.dtype in (torch.float32, torch.bfloat16)
+    if config.quantization == "none" or not native or load_cpu_kernels() is None:
+        return "weights widened"
+    attached = attach_gguf_blocks(model, config.model_dir)
+    if not attached:
+        return "weights widened"
+    return "in GGUF blocks: " + ", ".join(f"{count} {qtype}" for qtype, count in sorted(attached.items()))
 
 
 def _rebuild_rotary_tables(model: torch.nn.Module, config: EngineConfig) -> None:

@@ -64,7 +64,7 @@ def load_weights(model: torch.nn.Module, model_dir: str | Path, show_progress: b
     _check_complete(params, modules, loaded, model.config, model_dir)
 
 
-def _target(name: str) -> tuple[str, int]:
+def checkpoint_target(name: str) -> tuple[str, int]:
     """Checkpoint tensor name -> (our parameter name, fused part index; 0 when not fused)."""
     ours = name.removeprefix("model.")
     for suffix, (fused, part) in _FUSED.items():
@@ -77,7 +77,7 @@ def _target(name: str) -> tuple[str, int]:
 def _load_one(name, f, path, params, modules, loaded) -> None:
     if name.endswith(_IGNORED_SUFFIXES):
         return
-    ours, part = _target(name)
+    ours, part = checkpoint_target(name)
     if ours not in params:
         raise WeightLoadError(f"{path.name}: tensor {name!r} has no place in the model (expected {ours!r})")
     module = modules[ours.rpartition(".")[0]]

@@ -49,7 +49,8 @@ class LocalWorker:
         return EngineArgs(model=self.model, dtype=self.dtype, device=self.device, block_size=lim.block_size,
                           max_num_seqs=lim.max_num_seqs, max_num_batched_tokens=lim.max_num_batched_tokens,
                           max_model_len=lim.max_model_len, enable_prefix_caching=lim.enable_prefix_caching,
-                          kv_cache_memory=lim.kv_cache_memory, num_kv_blocks=lim.num_kv_blocks)  # fmt: skip
+                          kv_cache_memory=lim.kv_cache_memory, num_kv_blocks=lim.num_kv_blocks,
+                          quantization=lim.quantization)  # fmt: skip
 
 
 def model_dims(model_dir: str | Path, name: str = "") -> ModelDims:
@@ -70,7 +71,7 @@ def profile_key(worker: LocalWorker, model_dir: str) -> tuple[str, ...]:
         f"kernels {kernel_source_id()}", f"engine {_engine_source_hash()}",
         f"model {model_dir} {hashlib.blake2b(config, digest_size=8).hexdigest()}",
         f"engine knobs {lim.block_size} {lim.max_num_batched_tokens} {lim.max_num_seqs} {lim.max_model_len} "
-        f"{lim.kv_cache_memory} {lim.num_kv_blocks} {lim.enable_prefix_caching}",
+        f"{lim.kv_cache_memory} {lim.num_kv_blocks} {lim.enable_prefix_caching} {lim.quantization}",
         f"method {METHOD}", f"python {platform.python_version()}",
     )  # fmt: skip
 

@@ -77,17 +77,26 @@ def _synchronize(device: str) -> None:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the checkpoint's weights, each storage once (tied embedding/lm_head count once).
+    """Bytes of the weights a decode step reads, each storage once (tied embedding/lm_head count once).
 
     A linear whose weight a kernel prepared in its own layout (and dropped as a parameter) counts its
-    [out, in] matrix, not the layout's padding."""
+    [out, in] matrix, not the layout's padding; one in a GGUF file's blocks counts the blocks, and so does
+    an lm_head in blocks, in place of its dense storage (a tied embedding's lookups read a few rows of it)."""
+    from engine.quantized_weight import QuantizedWeight
+
     seen: dict[int, int] = {}
     for p in model.parameters():
         seen[p.data_ptr()] = p.numel() * p.element_size()
     for module in model.modules():
-        if getattr(module, "weight", True) is None and getattr(module, "kernel_weight", None) is not None:
+        kernel_weight = getattr(module, "kernel_weight", None)
+        if getattr(module, "weight", True) is None and isinstance(kernel_weight, QuantizedWeight):
+            seen[id(module)] = kernel_weight.nbytes
+        elif getattr(module, "weight", True) is None and kernel_weight is not None:
             dense = module.dense_weight()
             seen[id(module)] = dense.numel() * dense.element_size()
+    head = getattr(model, "lm_head_quantized", None)
+    if head is not None:
+        seen[model.lm_head.weight.data_ptr()] = head.nbytes
     return sum(seen.values())
 
 
@@ -96,10 +105,11 @@ def weight_bytes(model: torch.nn.Module) -> int:
 _request_ids = itertools.count()
 
 
-def load_tandem(dtype: str, kv_bytes: int, model: str | None = None, device: str = "cpu"):
+def load_tandem(dtype: str, kv_bytes: int, model: str | None = None, device: str = "cpu", quantization: str = "auto"):
     from engine import LLM
 
-    return LLM(model=model, dtype=dtype, kv_cache_memory=kv_bytes, max_model_len=MAX_MODEL_LEN, device=device)
+    return LLM(model=model, dtype=dtype, kv_cache_memory=kv_bytes, max_model_len=MAX_MODEL_LEN, device=device,
+               quantization=quantization)  # fmt: skip
 
 
 def run_tandem(llm, workload: Workload, progress: bool = True) -> Result:
@@ -138,8 +148,8 @@ def _first_output(finished) -> list[int]:
 
 
 def bench_tandem(args, workloads: list[Workload], warmup: Workload) -> tuple[list[Result], dict]:
-    print(f"[tandem] loading ({args.dtype})", file=sys.stderr)
-    llm = load_tandem(args.dtype, args.kv_cache_gib * 2**30, args.model, args.device)
+    print(f"[tandem] loading ({args.dtype}, quantization {args.quantization})", file=sys.stderr)
+    llm = load_tandem(args.dtype, args.kv_cache_gib * 2**30, args.model, args.device, args.quantization)
     run_tandem(llm, warmup, progress=False)
     info = {
         "weight_bytes": weight_bytes(llm.engine.runner.model),
@@ -234,7 +244,8 @@ def markdown_section(args, machine: dict, info: dict, workloads: list[Workload],
         f"{machine['cpu']} ({bench_report.instruction_set()}), {machine['cores']} cores, "
         f"torch threads {machine['torch_threads']}, "
         f"torch {machine['torch']}, transformers {machine['transformers']}",
-        f"- Model: {args.model or 'SmolLM2-135M-Instruct'} ({args.dtype}, {args.device}), "
+        f"- Model: {args.model or 'SmolLM2-135M-Instruct'} ({args.dtype}, {args.device}, Tandem's quantization "
+        f"{args.quantization}), "
         f"`{info['tandem'].get('model_dir', '?')}`",
         f"- Tandem: KV cache {args.kv_cache_gib} GiB, max_num_batched_tokens "
         f"{info['tandem'].get('max_num_batched_tokens')}, max_model_len {MAX_MODEL_LEN}; "
@@ -285,6 +296,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workload", choices=("a", "b", "both"), default="both")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="for every engine; auto: what Tandem's default picks on this machine (cluster_bench.servers.peer_dtype)")
+    p.add_argument("--quantization", choices=("auto", "none"), default="auto",
+                   help="Tandem's: a GGUF model's weights in the file's blocks (auto, the default) or widened")
     p.add_argument("--num-requests", type=int, default=64, help="requests in workload b")
     p.add_argument("--hf-batch-size", type=int, default=32, help="transformers' static batch size in workload b")
     p.add_argument("--seed", type=int, default=0)

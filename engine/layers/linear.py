@@ -9,7 +9,8 @@ Both are called through `project(ops, x)`, a plain method rather than
 `nn.Module.__call__`, so the single-process path pays no hook dispatch.
 After the weights are loaded, `prepare(ops)` turns `weight` into the form
 `ops.linear` takes (packed for the native float32 kernel, which drops the
-dense parameter: `dense_weight()` rebuilds it for checks).
+dense parameter: `dense_weight()` rebuilds it for checks), or takes the GGUF
+file's quantized blocks instead (`engine.gguf_weights`).
 The embedding and lm_head are not here: they stay replicated on every rank.
 """
 
@@ -23,14 +24,20 @@ from torch import nn
 
 from engine.layers.ops import LayerOps, dense_weight
 from engine.parallel.shard import Slice
+from engine.quantized_weight import QuantizedWeight
 
 
 class PreparedLinear(nn.Module):
-    """Holds `weight` as loaded until `prepare(ops)`, then as `ops.prepare_weight` made it."""
+    """Holds `weight` as loaded until `prepare(ops)`, then as `ops.prepare_weight` made it, or as the GGUF
+    file's blocks when the loader found them there (`quantized`, set by `engine.gguf_weights`)."""
 
     kernel_weight: object = None
+    quantized: QuantizedWeight | None = None
 
     def prepare(self, ops: LayerOps) -> None:
+        if self.quantized is not None:  # `ops.linear` takes the blocks themselves; the widened copy goes
+            self.kernel_weight, self.weight = self.quantized, None
+            return
         weight = self.weight.data  # each `.data` is a new tensor object: compare against this one
         self.kernel_weight = ops.prepare_weight(weight)
         if self.kernel_weight is not weight:

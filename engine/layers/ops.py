@@ -16,7 +16,7 @@ every form some band's kernel reads (`LinearForms`).
 """
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,9 @@ from engine.cpu_features import cpu_features
 from engine.layers import elementwise_choice
 from engine.layers.elementwise_choice import OpShapes
 from engine.layers.linear_choice import Candidate, band_of, cached_choice, choose, describe
+from engine.layers.quantized_choice import chosen_quantized_linear
 from engine.native import load_cpu_kernels
+from engine.quantized_weight import QuantizedWeight, dequantize
 
 Tensor = torch.Tensor
 
@@ -82,7 +84,10 @@ def make_packed_linear(kernels) -> tuple[Callable[[Tensor], PackedWeight], Calla
 
 
 def dense_weight(weight, kernels=None) -> Tensor:
-    """The [out, in] matrix of a prepared weight (for checks; packing is exact, so this is the checkpoint)."""
+    """The [out, in] matrix of a prepared weight (for checks; packing is exact, so this is the checkpoint;
+    GGUF blocks widen to the converted checkpoint's float32 values)."""
+    if isinstance(weight, QuantizedWeight):
+        return dequantize(weight)
     if isinstance(weight, LinearForms):
         return weight.forms["dense"] if "dense" in weight.forms else dense_weight(next(iter(weight.forms.values())))
     if isinstance(weight, PackedWeight):
@@ -215,19 +220,40 @@ def chosen_elementwise(kernels, dtype: torch.dtype, shapes: OpShapes | None,
 
 def native_ops(kernels, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]],
                linear_choice: Sequence[str] | None = None, op_shapes: OpShapes | None = None,
-               elementwise: Sequence[str] | None = None) -> LayerOps:  # fmt: skip
+               elementwise: Sequence[str] | None = None, quantized_shapes: Mapping[str, Sequence] | None = None,
+               quantized_choice: Mapping[str, Sequence[str]] | None = None) -> LayerOps:  # fmt: skip
     """The native kernels where they are faster here: for each band of row counts the linear kernel timed
     fastest on `linear_shapes` (the model's [out, in] weights), or the one `linear_choice` names, and each
-    elementwise op native or torch as timed on `op_shapes` (or as `elementwise` names)."""
+    elementwise op native or torch as timed on `op_shapes` (or as `elementwise` names). Weights in GGUF
+    blocks (`quantized_shapes`: their [out, in] shapes by type) get their kernels chosen the same way
+    (`engine.layers.quantized_choice`), and `linear` sends each weight to its own."""
     ops, ops_chosen = chosen_elementwise(kernels, dtype, op_shapes, elementwise)
     linear, prepare, chosen = chosen_linear(kernels, dtype, linear_shapes, linear_choice)
-    return LayerOps(ops["rms_norm"], ops["add_rms_norm"], ops["rotary"], ops["silu_and_mul"], linear,
-                    f"native; linears by rows: {chosen}; elementwise by rows: {ops_chosen}", prepare)  # fmt: skip
+    name = f"native; linears by rows: {chosen}; elementwise by rows: {ops_chosen}"
+    if quantized_shapes:
+        quantized, quantized_chosen = chosen_quantized_linear(kernels, quantized_shapes,
+                                                              machine_key(kernels, torch.float32), quantized_choice)
+        linear, name = _by_weight_kind(linear, quantized), f"{name}; GGUF blocks by rows: {quantized_chosen}"
+    return LayerOps(ops["rms_norm"], ops["add_rms_norm"], ops["rotary"], ops["silu_and_mul"], linear, name,
+                    prepare)  # fmt: skip
+
+
+def _by_weight_kind(dense: Callable[..., Tensor], quantized: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    def linear(x: Tensor, weight, bias: Tensor | None = None) -> Tensor:
+        return (quantized if isinstance(weight, QuantizedWeight) else dense)(x, weight, bias)
+
+    return linear
 
 
 def layer_ops(device: str, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]] = (),
-              op_shapes: OpShapes | None = None) -> LayerOps:  # fmt: skip
+              op_shapes: OpShapes | None = None,
+              quantized_shapes: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> LayerOps:  # fmt: skip
+    """The layer's ops for a model on `device` (see the module doc). A model with weights in GGUF blocks
+    (`quantized_shapes`) needs the native kernels: the loader attaches blocks only where they load."""
     if device != "cpu":
         return TORCH_OPS
-    kernels = load_cpu_kernels() if dtype in (torch.float32, torch.bfloat16) and linear_shapes else None
-    return TORCH_OPS if kernels is None else native_ops(kernels, dtype, linear_shapes, op_shapes=op_shapes)
+    usable = dtype in (torch.float32, torch.bfloat16) and (linear_shapes or quantized_shapes)
+    kernels = load_cpu_kernels() if usable else None
+    if kernels is None:
+        return TORCH_OPS
+    return native_ops(kernels, dtype, linear_shapes, op_shapes=op_shapes, quantized_shapes=quantized_shapes)

@@ -125,6 +125,7 @@ class DecoderForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.lm_head_weight = None  # lm_head's weight as `ops.linear` takes it, set by prepare()
+        self.lm_head_quantized = None  # lm_head in the GGUF file's blocks (engine.gguf_weights), when it is
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -133,8 +134,17 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def linear_shapes(self) -> list[tuple[int, int]]:
-        """The [out, in] shape of every linear weight the layers hold (the kernels are chosen on these)."""
-        return sorted({tuple(m.weight.shape) for m in self.modules() if isinstance(m, PreparedLinear)})
+        """The [out, in] shape of every dense linear weight the layers hold (the kernels are chosen on these)."""
+        return sorted({tuple(m.weight.shape) for m in self.modules()
+                       if isinstance(m, PreparedLinear) and m.quantized is None})  # fmt: skip
+
+    def quantized_shapes(self) -> dict[str, list[tuple[int, int]]]:
+        """The [out, in] shapes of the weights in GGUF blocks (lm_head's too), by quantized type."""
+        weights = [m.quantized for m in self.modules() if isinstance(m, PreparedLinear) and m.quantized is not None]
+        shapes: dict[str, set] = {}
+        for weight in [*weights, *([self.lm_head_quantized] if self.lm_head_quantized is not None else [])]:
+            shapes.setdefault(weight.qtype, set()).add(weight.shape)
+        return {qtype: sorted(found) for qtype, found in shapes.items()}
 
     def op_shapes(self) -> OpShapes:
         """What this rank's elementwise ops work on (their implementations are chosen on these)."""
@@ -150,7 +160,8 @@ class DecoderForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, PreparedLinear):
                 module.prepare(ops)
-        self.lm_head_weight = ops.prepare_weight(self.lm_head.weight.data)
+        quantized = self.lm_head_quantized
+        self.lm_head_weight = quantized if quantized is not None else ops.prepare_weight(self.lm_head.weight.data)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, attn_fn,
                 layer_done: Callable[[int], None] | None = None) -> torch.Tensor:  # fmt: skip

@@ -4,9 +4,11 @@ Three kinds of kernels live in `csrc/`: paged decode attention, which reads
 K/V in place through the block table instead of gathering a padded copy; the
 layer's elementwise ops (RMSNorm with its residual add, rotary embedding,
 SiLU-and-multiply, the KV cache write), each one pass where PyTorch needs
-several ops; and linear layers over weights packed once at load (float32) or
-streamed once for a few rows (bfloat16). Compilation takes ~1 min on 2 cores the first time (the
-kernel files include only the parts of torch they use: `csrc/tensor_api.h`) and is cached
+several ops; and linear layers over weights packed once at load (float32),
+streamed once for a few rows (bfloat16), or kept in a GGUF file's quantized
+blocks and widened in registers (`engine.quantized_weight`). Compilation takes
+~1 min on 2 cores the first time (the kernel files include only the parts of
+torch they use: `csrc/tensor_api.h`) and is cached
 (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). If it cannot be
 built (no compiler, TANDEM_CPU_KERNELS=0), the engine falls back to the
 PyTorch path and says so once.
@@ -27,7 +29,8 @@ logger = logging.getLogger("tandem.engine")
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in (
-    "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "layer_ops.cpp", "small_linear.cpp", "packed_linear.cpp"
+    "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "layer_ops.cpp", "small_linear.cpp", "packed_linear.cpp",
+    "quantized_linear.cpp",
 )]
 _HEADERS = [_CSRC / name for name in (
     "tensor_api.h", "float_types.h", "online_softmax.h", "prefill_tasks.h", "paged_prefill_bf16dot.h"

@@ -42,3 +42,22 @@ def test_capital_of_france_matches_transformers(smollm2):
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt) :]
         assert out.outputs[0].token_ids == ref.tolist()
     assert llm.engine.kv_cache.num_free_blocks == llm.engine.runner.num_blocks
+
+
+def test_its_gguf_blocks_serve_every_linear_and_answer_as_the_widened_weights(smollm2):
+    """Quantization auto (the default) multiplies the file's Q4_1 / Q8_0 blocks; "none" their float32 values:
+    the same weights, summed in another order, the same greedy tokens."""
+    from engine.layers.linear import PreparedLinear
+
+    model_dir, llm = smollm2
+    model = llm.engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, PreparedLinear)]
+    assert {m.quantized.qtype for m in linears} == {"Q4_1"} and all(m.weight is None for m in linears)
+    assert model.lm_head_quantized.qtype == "Q8_0"
+    widened = LLM(str(model_dir), kv_cache_memory=64 * 2**20, max_model_len=2048, dtype="float32",
+                  quantization="none")  # fmt: skip
+    assert all(m.quantized is None for m in widened.engine.runner.model.modules() if isinstance(m, PreparedLinear))
+    prompts = [{"prompt_token_ids": _chat_ids(llm.tokenizer, q)} for q in ("Write a haiku about rain.", "Hi!")]
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    ours = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert ours == [o.outputs[0].token_ids for o in widened.generate(prompts, params, use_tqdm=False)]

@@ -9,6 +9,7 @@ from engine.layers.linear import ColumnParallelLinear
 from engine.layers.ops import TORCH_OPS, LinearForms, PackedWeight, native_ops, onednn_works
 from tests.engine.native_kernels import native_kernels
 from engine.parallel.shard import Slice
+from engine.quantized_weight import dequantize, quantize
 
 
 def _linear(weight: torch.Tensor) -> ColumnParallelLinear:
@@ -60,3 +61,17 @@ def test_onednn_prepacked_weights_serve_their_bands_beside_the_other_forms(dtype
             x = torch.randn(rows, 24).to(dtype)
             tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
             torch.testing.assert_close(layer.project(ops, x), F.linear(x, weight), **tol)
+
+
+def test_gguf_blocks_replace_the_parameter_and_widen_back_to_it():
+    kernels = native_kernels()
+    blocks = quantize(torch.randn(40, 64), "Q4_1")
+    layer = _linear(dequantize(blocks))
+    layer.quantized = blocks  # as engine.gguf_weights attaches them
+    ops = native_ops(kernels, torch.float32, [], ("dense",) * 6, quantized_shapes={"Q4_1": [blocks.shape]},
+                     quantized_choice={"Q4_1": ("blocks",) * 6})  # fmt: skip
+    layer.prepare(ops)
+    assert layer.kernel_weight is blocks and layer.weight is None
+    assert torch.equal(layer.dense_weight(), dequantize(blocks))
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(layer.project(ops, x), F.linear(x, dequantize(blocks)), atol=1e-4, rtol=1e-5)

@@ -18,6 +18,10 @@ at::Tensor pack_linear_weight(at::Tensor weight);
 at::Tensor unpack_linear_weight(at::Tensor packed, int64_t out_features);
 at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
                          c10::optional<at::Tensor> bias);
+at::Tensor quantized_linear(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
+                            c10::optional<at::Tensor> offsets, c10::optional<at::Tensor> bias);
+at::Tensor dequantize_blocks(const std::string& qtype, at::Tensor codes, at::Tensor scales,
+                             c10::optional<at::Tensor> offsets);
 void write_kv_cache(at::Tensor key, at::Tensor value, at::Tensor key_cache, at::Tensor value_cache,
                     at::Tensor slot_mapping);
 
@@ -57,5 +61,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unpack_linear_weight", &unpack_linear_weight, "pack_linear_weight's inverse");
   m.def("packed_linear", &packed_linear, "x @ weight.T (+ bias), float32, over a packed weight", py::arg("x"),
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
+  m.def("quantized_linear", &quantized_linear,
+        "x @ weight.T (+ bias), float32, over a weight in GGUF blocks (Q8_0, Q4_0, Q4_1) widened in registers",
+        py::arg("x"), py::arg("qtype"), py::arg("codes"), py::arg("scales"), py::arg("offsets") = py::none(),
+        py::arg("bias") = py::none());
+  m.def("dequantize_blocks", &dequantize_blocks, "a weight in GGUF blocks as float32 [out, in]", py::arg("qtype"),
+        py::arg("codes"), py::arg("scales"), py::arg("offsets") = py::none());
   m.def("write_kv_cache", &write_kv_cache, "scatter K/V rows into the paged cache (slot -1 skipped)");
 }
