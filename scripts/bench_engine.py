@@ -82,15 +82,15 @@ def weight_bytes(model: torch.nn.Module) -> int:
     A linear whose weight a kernel prepared in its own layout (and dropped as a parameter) counts its
     [out, in] matrix, not the layout's padding; one in a GGUF file's blocks counts the blocks, and so does
     an lm_head in blocks, in place of its dense storage (a tied embedding's lookups read a few rows of it)."""
-    from engine.quantized_weight import QuantizedWeight
+    from engine.layers.quantized_choice import BlockForms
 
     seen: dict[int, int] = {}
     for p in model.parameters():
         seen[p.data_ptr()] = p.numel() * p.element_size()
     for module in model.modules():
         kernel_weight = getattr(module, "kernel_weight", None)
-        if getattr(module, "weight", True) is None and isinstance(kernel_weight, QuantizedWeight):
-            seen[id(module)] = kernel_weight.nbytes
+        if getattr(module, "weight", True) is None and isinstance(kernel_weight, BlockForms):
+            seen[id(module)] = kernel_weight.blocks.nbytes
         elif getattr(module, "weight", True) is None and kernel_weight is not None:
             dense = module.dense_weight()
             seen[id(module)] = dense.numel() * dense.element_size()

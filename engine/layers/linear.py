@@ -35,8 +35,8 @@ class PreparedLinear(nn.Module):
     quantized: QuantizedWeight | None = None
 
     def prepare(self, ops: LayerOps) -> None:
-        if self.quantized is not None:  # `ops.linear` takes the blocks themselves; the widened copy goes
-            self.kernel_weight, self.weight = self.quantized, None
+        if self.quantized is not None:  # the forms its bands read: the blocks, and any dense one a band chose
+            self.kernel_weight, self.weight = ops.prepare_quantized(self.quantized, self.weight.data), None
             return
         weight = self.weight.data  # each `.data` is a new tensor object: compare against this one
         self.kernel_weight = ops.prepare_weight(weight)

@@ -25,7 +25,7 @@ from engine.cpu_features import cpu_features
 from engine.layers import elementwise_choice
 from engine.layers.elementwise_choice import OpShapes
 from engine.layers.linear_choice import Candidate, band_of, cached_choice, choose, describe
-from engine.layers.quantized_choice import chosen_quantized_linear
+from engine.layers.quantized_choice import BlockForms, chosen_quantized_linear
 from engine.native import load_cpu_kernels
 from engine.quantized_weight import QuantizedWeight, dequantize
 
@@ -86,8 +86,8 @@ def make_packed_linear(kernels) -> tuple[Callable[[Tensor], PackedWeight], Calla
 def dense_weight(weight, kernels=None) -> Tensor:
     """The [out, in] matrix of a prepared weight (for checks; packing is exact, so this is the checkpoint;
     GGUF blocks widen to the converted checkpoint's float32 values)."""
-    if isinstance(weight, QuantizedWeight):
-        return dequantize(weight)
+    if isinstance(weight, (QuantizedWeight, BlockForms)):
+        return dequantize(weight if isinstance(weight, QuantizedWeight) else weight.blocks)
     if isinstance(weight, LinearForms):
         return weight.forms["dense"] if "dense" in weight.forms else dense_weight(next(iter(weight.forms.values())))
     if isinstance(weight, PackedWeight):
@@ -144,13 +144,18 @@ def linear_candidates(kernels, dtype: torch.dtype) -> list[Candidate]:
     return candidates
 
 
+def dense_makers(kernels) -> dict[str, Callable[[Tensor], object]]:
+    """Form name -> what makes it from a dense [out, in] weight (the forms `linear_candidates` read)."""
+    pack, _ = make_packed_linear(kernels)
+    return {"dense": lambda w: w, "packed": pack, "onednn": onednn_weight}
+
+
 def chosen_linear(kernels, dtype: torch.dtype, shapes: Sequence[tuple[int, int]],
                   choice: Sequence[str] | None = None) -> tuple[Callable, Callable, str]:  # fmt: skip
     """(linear, prepare_weight, description): per band of row counts, the kernel timed fastest on these
     shapes (or `choice`, a candidate name per band, as given: tests)."""
     candidates = {c.name: c for c in linear_candidates(kernels, dtype)}
-    pack, _ = make_packed_linear(kernels)
-    makers = {"dense": lambda w: w, "packed": pack, "onednn": onednn_weight}
+    makers = dense_makers(kernels)
     key = [*machine_key(kernels, dtype), " ".join(sorted(candidates)), repr(sorted(set(shapes)))]
     if choice is None:
         choice = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(shapes)), dtype, makers))
@@ -178,6 +183,9 @@ class LayerOps:
     linear: Callable[..., Tensor]  # (x, weight as prepare_weight returned it, bias=None)
     name: str
     prepare_weight: Callable[[Tensor], object] = lambda weight: weight
+    # (the GGUF blocks of a weight, the weight as loaded) -> what `linear` takes (quantized_choice.BlockForms);
+    # None: these ops take no blocks (engine.gguf_weights attaches them only where native ops will run)
+    prepare_quantized: Callable[[QuantizedWeight, Tensor], object] | None = None
 
 
 TORCH_OPS = LayerOps(torch_rms_norm, torch_add_rms_norm, torch_rotary, torch_silu_and_mul, F.linear, "torch")
@@ -230,17 +238,19 @@ def native_ops(kernels, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, i
     ops, ops_chosen = chosen_elementwise(kernels, dtype, op_shapes, elementwise)
     linear, prepare, chosen = chosen_linear(kernels, dtype, linear_shapes, linear_choice)
     name = f"native; linears by rows: {chosen}; elementwise by rows: {ops_chosen}"
+    prepare_quantized = None
     if quantized_shapes:
-        quantized, quantized_chosen = chosen_quantized_linear(kernels, quantized_shapes,
-                                                              machine_key(kernels, torch.float32), quantized_choice)
+        quantized, prepare_quantized, quantized_chosen = chosen_quantized_linear(
+            kernels, dtype, quantized_shapes, machine_key(kernels, dtype), linear_candidates(kernels, dtype),
+            dense_makers(kernels), quantized_choice)  # fmt: skip
         linear, name = _by_weight_kind(linear, quantized), f"{name}; GGUF blocks by rows: {quantized_chosen}"
     return LayerOps(ops["rms_norm"], ops["add_rms_norm"], ops["rotary"], ops["silu_and_mul"], linear, name,
-                    prepare)  # fmt: skip
+                    prepare, prepare_quantized)  # fmt: skip
 
 
 def _by_weight_kind(dense: Callable[..., Tensor], quantized: Callable[..., Tensor]) -> Callable[..., Tensor]:
     def linear(x: Tensor, weight, bias: Tensor | None = None) -> Tensor:
-        return (quantized if isinstance(weight, QuantizedWeight) else dense)(x, weight, bias)
+        return (quantized if isinstance(weight, BlockForms) else dense)(x, weight, bias)
 
     return linear
 

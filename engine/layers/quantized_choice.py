@@ -1,16 +1,21 @@
 """Which kernel multiplies a weight kept in GGUF blocks (`engine.quantized_weight`), per band of row counts,
-chosen by timing both on the model's own shapes of each quantized type (as `linear_choice` does for dense
-weights), cached and logged:
+chosen by timing on the model's own shapes of each quantized type (as `linear_choice` does for dense weights),
+cached and logged. The candidates are the blocks' own kernels and every dense one:
 
     blocks   native: each block widened in registers and multiplied into up to 8 rows while it is there
              (a decode step reads only the blocks: the file's bytes)
-    widen    native: the whole weight widened to float32 once, then F.linear (a prefill's many rows)
+    widen    native: the whole weight widened to float32 once, then F.linear
+    packed, dense, onednn, mv, few   the dense kernels (`ops.linear_candidates`), on the weight as loaded
 
-The products run in float32: bfloat16 activations are widened for them and the result rounded back.
+A band that a dense kernel wins keeps that dense form beside the blocks (`BlockForms`): on the Xeon of
+2026-11-28 the blocks won one row by 1.9x, and lost 64 mixed requests' batches by 12% when every band had
+to read them. The blocks' kernels take float32: bfloat16 activations are widened for them and the result
+rounded back.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -22,38 +27,59 @@ from engine.quantized_weight import QuantizedWeight, quantize
 Tensor = torch.Tensor
 
 
+@dataclass(frozen=True, eq=False)
+class BlockForms:
+    """A weight in GGUF blocks as the kernels of its bands read it: `forms` maps each form some band's kernel
+    reads to the weight in it ("quantized": `blocks` themselves; the others made from the loaded tensor)."""
+
+    blocks: QuantizedWeight
+    forms: Mapping[str, object]
+
+
 def quantized_candidates(kernels) -> list[Candidate]:
-    def blocks(x: Tensor, w: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+    def in_float32(product: Callable[[Tensor, QuantizedWeight, Tensor | None], Tensor]):
+        def run(x: Tensor, w: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+            if x.dtype == torch.float32:
+                return product(x if x.stride(-1) == 1 else x.contiguous(), w, bias)
+            return product(x.float().contiguous(), w, None if bias is None else bias.float()).to(x.dtype)
+
+        return run
+
+    def blocks(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
         return kernels.quantized_linear(x, w.qtype, w.codes, w.scales, w.offsets, bias)
 
-    def widen(x: Tensor, w: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+    def widen(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
         return F.linear(x, kernels.dequantize_blocks(w.qtype, w.codes, w.scales, w.offsets), bias)
 
-    return [Candidate("blocks", "quantized", blocks), Candidate("widen", "quantized", widen)]
+    return [Candidate("blocks", "quantized", in_float32(blocks)), Candidate("widen", "quantized", in_float32(widen))]
 
 
-def chosen_quantized_linear(kernels, shapes: Mapping[str, Sequence[tuple[int, int]]], machine: Sequence[str],
-                            choice: Mapping[str, Sequence[str]] | None = None) -> tuple[Callable, str]:  # fmt: skip
-    """(linear, description): for each quantized type, per band of row counts, the candidate timed fastest on
-    that type's [out, in] `shapes` (or `choice[qtype]` as given: tests). `machine`: the timing's cache key
-    parts (ops.machine_key)."""
-    candidates = {c.name: c for c in quantized_candidates(kernels)}
+def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Sequence[tuple[int, int]]],
+                            machine: Sequence[str], dense: Sequence[Candidate],
+                            makers: Mapping[str, Callable[[Tensor], object]],
+                            choice: Mapping[str, Sequence[str]] | None = None) -> tuple[Callable, Callable, str]:  # fmt: skip
+    """(linear, prepare, description): for each quantized type, per band of row counts, the candidate timed
+    fastest on that type's [out, in] `shapes` among the blocks' kernels and the `dense` ones (whose forms
+    `makers` make from a dense weight), or `choice[qtype]` as given (tests). `machine`: the timing's cache
+    key parts (ops.machine_key). `prepare(blocks, loaded)` makes the `BlockForms` that `linear` takes."""
+    candidates = {c.name: c for c in [*quantized_candidates(kernels), *dense]}
     by_type, described = {}, []
     for qtype, type_shapes in sorted(shapes.items()):
         names = (choice or {}).get(qtype)
         if names is None:
             key = [*machine, f"quantized {qtype}", " ".join(sorted(candidates)), repr(sorted(set(type_shapes)))]
-            prepare = {"quantized": lambda w, qtype=qtype: quantize(w, qtype)}
-            names = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(type_shapes)),
-                                                      torch.float32, prepare), f"{qtype} linear kernels")  # fmt: skip
+            prepare_timed = {**makers, "quantized": lambda w, qtype=qtype: quantize(w, qtype)}
+            names = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(type_shapes)), dtype,
+                                                      prepare_timed), f"{qtype} linear kernels")  # fmt: skip
         by_type[qtype] = [candidates[name] for name in names]
         described.append(f"{qtype}: {describe(names)}")
 
-    def linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
-        kernel = by_type[weight.qtype][band_of(x.shape[0])]
-        if x.dtype == torch.float32:
-            return kernel.run(x if x.stride(-1) == 1 else x.contiguous(), weight, bias)
-        widened_bias = None if bias is None else bias.float()
-        return kernel.run(x.float().contiguous(), weight, widened_bias).to(x.dtype)
+    def prepare(blocks: QuantizedWeight, loaded: Tensor) -> BlockForms:
+        forms = {c.form for c in by_type[blocks.qtype]}
+        return BlockForms(blocks, {form: blocks if form == "quantized" else makers[form](loaded) for form in forms})
 
-    return linear, "; ".join(described)
+    def linear(x: Tensor, weight: BlockForms, bias: Tensor | None = None) -> Tensor:
+        kernel = by_type[weight.blocks.qtype][band_of(x.shape[0])]
+        return kernel.run(x, weight.forms[kernel.form], bias)
+
+    return linear, prepare, "; ".join(described)

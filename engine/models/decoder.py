@@ -160,8 +160,8 @@ class DecoderForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, PreparedLinear):
                 module.prepare(ops)
-        quantized = self.lm_head_quantized
-        self.lm_head_weight = quantized if quantized is not None else ops.prepare_weight(self.lm_head.weight.data)
+        quantized, loaded = self.lm_head_quantized, self.lm_head.weight.data
+        self.lm_head_weight = ops.prepare_weight(loaded) if quantized is None else ops.prepare_quantized(quantized, loaded)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, attn_fn,
                 layer_done: Callable[[int], None] | None = None) -> torch.Tensor:  # fmt: skip

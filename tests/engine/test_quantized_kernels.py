@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.layers.ops import LayerOps, dense_weight, native_ops
-from engine.layers.quantized_choice import chosen_quantized_linear
+from engine.layers.ops import LayerOps, dense_makers, dense_weight, linear_candidates, native_ops
+from engine.layers.quantized_choice import BlockForms, chosen_quantized_linear
 from engine.quantized_weight import BLOCK, QTYPES, dequantize, quantize
 from tests.engine.native_kernels import native_kernels
 
@@ -63,21 +63,29 @@ def test_blocks_of_the_wrong_kind_are_refused_with_the_reason():
 def test_each_candidate_takes_bfloat16_activations_in_float32_and_rounds_back(candidate):
     torch.manual_seed(5)
     weight = quantize(torch.randn(48, 4 * BLOCK), "Q4_1")
-    linear, described = chosen_quantized_linear(kernels, {"Q4_1": [weight.shape]}, [],
-                                                {"Q4_1": [candidate] * 6})  # fmt: skip
+    linear, prepare, described = chosen_quantized_linear(
+        kernels, torch.bfloat16, {"Q4_1": [weight.shape]}, [], linear_candidates(kernels, torch.bfloat16),
+        dense_makers(kernels), {"Q4_1": [candidate] * 6})  # fmt: skip
+    forms = prepare(weight, dequantize(weight).to(torch.bfloat16))
+    assert set(forms.forms) == {"quantized"} and forms.forms["quantized"] is weight  # no dense copy kept
     x = torch.randn(3, 4 * BLOCK).to(torch.bfloat16)
-    out = linear(x, weight)
+    out = linear(x, forms)
     assert out.dtype == torch.bfloat16 and candidate in described
     torch.testing.assert_close(out, _reference(x.float(), weight).to(torch.bfloat16))
 
 
-def test_the_layer_ops_send_each_weight_to_its_own_kernel():
+def test_the_layer_ops_send_each_weight_to_its_own_kernel_and_a_band_won_by_a_dense_kernel_keeps_its_form():
     torch.manual_seed(6)
     dense, blocks = torch.randn(24, 2 * BLOCK), quantize(torch.randn(40, 2 * BLOCK), "Q8_0")
+    chosen = ("blocks", "blocks", "widen", "packed", "packed", "dense")
     ops: LayerOps = native_ops(kernels, torch.float32, [tuple(dense.shape)], linear_choice=["dense"] * 6,
-                               quantized_shapes={"Q8_0": [blocks.shape]}, quantized_choice={"Q8_0": ["blocks"] * 6})
+                               quantized_shapes={"Q8_0": [blocks.shape]}, quantized_choice={"Q8_0": chosen})
+    prepared = ops.prepare_quantized(blocks, dequantize(blocks))
+    assert isinstance(prepared, BlockForms) and set(prepared.forms) == {"quantized", "packed", "dense"}
+    for rows in (1, 3, 20, 300):  # the blocks, then widened, then packed, then dense
+        x = torch.randn(rows, 2 * BLOCK)
+        torch.testing.assert_close(ops.linear(x, prepared), _reference(x, blocks), rtol=1e-5, atol=1e-4)
     x = torch.randn(2, 2 * BLOCK)
     torch.testing.assert_close(ops.linear(x, ops.prepare_weight(dense)), F.linear(x, dense))
-    torch.testing.assert_close(ops.linear(x, blocks), _reference(x, blocks), rtol=1e-5, atol=1e-4)
     assert "GGUF blocks by rows: Q8_0: 1 row: blocks" in ops.name
-    assert torch.equal(dense_weight(blocks), dequantize(blocks))
+    assert torch.equal(dense_weight(prepared), dequantize(blocks))
