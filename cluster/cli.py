@@ -100,7 +100,8 @@ def add_spec_flags(p) -> None:
     p.add_argument("--num-kv-blocks", type=int, help="KV cache blocks per worker (instead of --kv-cache-memory)")
     p.add_argument("--quantization", choices=("auto", "none"),
                    help="auto (default): a GGUF model's weights stay in the file's quantized blocks where the CPU "
-                        "kernels take them; none: widened to the dtype")    p.add_argument("--tensor-parallel-size", "-tp", type=int, help="both pools")
+                        "kernels take them; none: widened to the dtype")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, help="both pools")
     p.add_argument("--torch-threads", type=int, help="torch threads per worker rank, both pools (default 1)")
     p.add_argument("--routing-policy", help="cache_aware (default), least_loaded, round_robin")
     p.add_argument("--num-prefill", type=int, help="prefill workers (0: decode workers prefill themselves)")
