@@ -34,8 +34,8 @@ class QuantizedWeight:
 
     qtype: str  # "Q8_0", "Q4_0" or "Q4_1"
     codes: torch.Tensor  # Q8_0: int8 [out, in]; Q4_*: uint8 [out, in / 2], two codes a byte
-    scales: torch.Tensor  # float16 [out, in / 32]: d of each block
-    offsets: torch.Tensor | None = None  # float16 [out, in / 32]: m of each block (Q4_1); None otherwise
+    scales: torch.Tensor  # float16 [out, in / 32]: d of each block (float32 in `for_kernels`' copy)
+    offsets: torch.Tensor | None = None  # the same for m of each block (Q4_1); None otherwise
 
     def __post_init__(self):
         if self.qtype not in QTYPES:
@@ -78,6 +78,12 @@ class QuantizedWeight:
             codes = codes.view(torch.int8)
         offsets = halves[:, :, 1].contiguous() if qtype == "Q4_1" else None
         return cls(qtype, codes.contiguous(), halves[:, :, 0].contiguous(), offsets)
+
+    def for_kernels(self) -> "QuantizedWeight":
+        """The same weight with its scales (and offsets) widened to float32, as the native kernels take them:
+        exact, 4 bytes more a block (quantized_linear.cpp says why)."""
+        offsets = None if self.offsets is None else self.offsets.float()
+        return QuantizedWeight(self.qtype, self.codes, self.scales.float(), offsets)
 
     def rows(self, start: int, stop: int) -> "QuantizedWeight":
         """Output features [start, stop): a column-parallel shard."""

@@ -90,14 +90,20 @@ def weight_bytes(model: torch.nn.Module) -> int:
     for module in model.modules():
         kernel_weight = getattr(module, "kernel_weight", None)
         if getattr(module, "weight", True) is None and isinstance(kernel_weight, BlockForms):
-            seen[id(module)] = kernel_weight.blocks.nbytes
+            seen[id(module)] = _blocks_read(kernel_weight)
         elif getattr(module, "weight", True) is None and kernel_weight is not None:
             dense = module.dense_weight()
             seen[id(module)] = dense.numel() * dense.element_size()
-    head = getattr(model, "lm_head_quantized", None)
-    if head is not None:
-        seen[model.lm_head.weight.data_ptr()] = head.nbytes
+    head = getattr(model, "lm_head_weight", None)
+    if isinstance(head, BlockForms):
+        seen[model.lm_head.weight.data_ptr()] = _blocks_read(head)
     return sum(seen.values())
+
+
+def _blocks_read(weight) -> int:
+    """The bytes of the blocks as the kernels read them (float32 scales), or as the file has them when no band
+    reads the blocks."""
+    return weight.forms["quantized"].nbytes if "quantized" in weight.forms else weight.blocks.nbytes
 
 
 # ----------------------------------------------------------------------------- tandem

@@ -30,7 +30,8 @@ Tensor = torch.Tensor
 @dataclass(frozen=True, eq=False)
 class BlockForms:
     """A weight in GGUF blocks as the kernels of its bands read it: `forms` maps each form some band's kernel
-    reads to the weight in it ("quantized": `blocks` themselves; the others made from the loaded tensor)."""
+    reads to the weight in it ("quantized": `blocks` with float32 scales, `for_kernels`; the others made from
+    the loaded tensor)."""
 
     blocks: QuantizedWeight
     forms: Mapping[str, object]
@@ -68,7 +69,7 @@ def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Se
         names = (choice or {}).get(qtype)
         if names is None:
             key = [*machine, f"quantized {qtype}", " ".join(sorted(candidates)), repr(sorted(set(type_shapes)))]
-            prepare_timed = {**makers, "quantized": lambda w, qtype=qtype: quantize(w, qtype)}
+            prepare_timed = {**makers, "quantized": lambda w, qtype=qtype: quantize(w, qtype).for_kernels()}
             names = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(type_shapes)), dtype,
                                                       prepare_timed), f"{qtype} linear kernels")  # fmt: skip
         by_type[qtype] = [candidates[name] for name in names]
@@ -76,7 +77,8 @@ def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Se
 
     def prepare(blocks: QuantizedWeight, loaded: Tensor) -> BlockForms:
         forms = {c.form for c in by_type[blocks.qtype]}
-        return BlockForms(blocks, {form: blocks if form == "quantized" else makers[form](loaded) for form in forms})
+        made = {form: blocks.for_kernels() if form == "quantized" else makers[form](loaded) for form in forms}
+        return BlockForms(blocks, made)
 
     def linear(x: Tensor, weight: BlockForms, bias: Tensor | None = None) -> Tensor:
         kernel = by_type[weight.blocks.qtype][band_of(x.shape[0])]

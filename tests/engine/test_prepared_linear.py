@@ -71,7 +71,8 @@ def test_gguf_blocks_replace_the_parameter_and_widen_back_to_it():
     ops = native_ops(kernels, torch.float32, [], ("dense",) * 6, quantized_shapes={"Q4_1": [blocks.shape]},
                      quantized_choice={"Q4_1": ("blocks",) * 6})  # fmt: skip
     layer.prepare(ops)
-    assert layer.kernel_weight.forms == {"quantized": blocks} and layer.weight is None
+    assert list(layer.kernel_weight.forms) == ["quantized"] and layer.weight is None
+    assert layer.kernel_weight.forms["quantized"].scales.dtype == torch.float32  # as the kernels take them
     assert torch.equal(layer.dense_weight(), dequantize(blocks))
     x = torch.randn(3, 64)
     torch.testing.assert_close(layer.project(ops, x), F.linear(x, dequantize(blocks)), atol=1e-4, rtol=1e-5)

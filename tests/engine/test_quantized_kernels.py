@@ -22,7 +22,7 @@ def _reference(x, weight, bias=None):
 @pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 20])
 def test_the_blocks_kernel_is_the_widened_weights_product(qtype, rows):
     torch.manual_seed(rows)
-    weight = quantize(torch.randn(72, 5 * BLOCK), qtype)
+    weight = quantize(torch.randn(72, 5 * BLOCK), qtype).for_kernels()
     x = torch.randn(rows, 5 * BLOCK)
     bias = torch.randn(72) if rows % 2 else None
     out = kernels.quantized_linear(x, qtype, weight.codes, weight.scales, weight.offsets, bias)
@@ -31,7 +31,7 @@ def test_the_blocks_kernel_is_the_widened_weights_product(qtype, rows):
 
 def test_rows_of_a_wider_tensor_are_read_in_place():
     torch.manual_seed(3)
-    weight = quantize(torch.randn(40, 2 * BLOCK), "Q4_1")
+    weight = quantize(torch.randn(40, 2 * BLOCK), "Q4_1").for_kernels()
     wide = torch.randn(5, 3 * BLOCK)
     x = wide[:, : 2 * BLOCK]  # rows contiguous, a stride of its own
     out = kernels.quantized_linear(x, "Q4_1", weight.codes, weight.scales, weight.offsets)
@@ -41,13 +41,13 @@ def test_rows_of_a_wider_tensor_are_read_in_place():
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_widening_the_whole_weight_gives_the_references_values(qtype):
     torch.manual_seed(4)
-    weight = quantize(torch.randn(33, 3 * BLOCK), qtype)
+    weight = quantize(torch.randn(33, 3 * BLOCK), qtype).for_kernels()
     widened = kernels.dequantize_blocks(qtype, weight.codes, weight.scales, weight.offsets)
     torch.testing.assert_close(widened, dequantize(weight), rtol=1e-6, atol=1e-7)  # one FMA may round once
 
 
 def test_blocks_of_the_wrong_kind_are_refused_with_the_reason():
-    weight = quantize(torch.randn(8, BLOCK), "Q4_1")
+    weight = quantize(torch.randn(8, BLOCK), "Q4_1").for_kernels()
     x = torch.randn(1, BLOCK)
     with pytest.raises(RuntimeError, match="offsets are for Q4_1 only"):
         kernels.quantized_linear(x, "Q4_1", weight.codes, weight.scales, None)
@@ -55,6 +55,8 @@ def test_blocks_of_the_wrong_kind_are_refused_with_the_reason():
         kernels.quantized_linear(x, "Q8_0", weight.codes, weight.scales)
     with pytest.raises(RuntimeError, match="must be Q8_0, Q4_0 or Q4_1"):
         kernels.quantized_linear(x, "Q6_K", weight.codes, weight.scales)
+    with pytest.raises(RuntimeError, match="scales must be contiguous float32"):
+        kernels.quantized_linear(x, "Q4_1", weight.codes, weight.scales.half(), weight.offsets)
     with pytest.raises(RuntimeError, match="in = the weight's in_features"):
         kernels.quantized_linear(torch.randn(1, 2 * BLOCK), "Q4_1", weight.codes, weight.scales, weight.offsets)
 
@@ -67,7 +69,7 @@ def test_each_candidate_takes_bfloat16_activations_in_float32_and_rounds_back(ca
         kernels, torch.bfloat16, {"Q4_1": [weight.shape]}, [], linear_candidates(kernels, torch.bfloat16),
         dense_makers(kernels), {"Q4_1": [candidate] * 6})  # fmt: skip
     forms = prepare(weight, dequantize(weight).to(torch.bfloat16))
-    assert set(forms.forms) == {"quantized"} and forms.forms["quantized"] is weight  # no dense copy kept
+    assert set(forms.forms) == {"quantized"} and forms.forms["quantized"].codes is weight.codes  # no dense copy
     x = torch.randn(3, 4 * BLOCK).to(torch.bfloat16)
     out = linear(x, forms)
     assert out.dtype == torch.bfloat16 and candidate in described

@@ -8,18 +8,19 @@
 // to kMaxRows rows. More rows take it again per kMaxRows: for a prefill, widening the whole weight once
 // (`dequantize_blocks`) and a GEMM is the other candidate, and the choice is timed (engine.layers.ops).
 //
-// With AVX-512 (or AVX2 with FMA and F16C), a block is widened by intrinsics into two (four) vectors: the
+// With AVX-512 (or AVX2 with FMA), a block is widened by intrinsics into two (four) vectors: the
 // plain loops over its 32 lanes at the end, left to GCC's vectoriser, ran at 2 GB/s of blocks, 4x slower,
 // and are kept for CPUs with neither.
 //
 // Shapes: x [rows, in] float32, rows contiguous; codes [out, in] int8 (Q8_0) or [out, in / 2] uint8 (Q4_*:
 // byte j of a block holds weight j in its low nibble, weight j + 16 in its high one); scales and offsets
-// [out, in / 32] float16 (offsets: Q4_1 only); bias [out] float32 or none. The result: [rows, out] float32.
+// [out, in / 32] float32 (offsets: Q4_1 only): the file's float16 values widened once at load, since
+// converting a float16 scalar per block took a third of the kernel's time (Q4_1 at one row: 128 against
+// 80 us for 3072 x 576 on the Xeon of 2026-11-28), for 4 bytes more a block; bias [out] float32 or none.
+// The result: [rows, out] float32.
 #include "tensor_api.h"
 
-#include <c10/util/Half.h>
-
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -40,8 +41,8 @@ enum class QType { kQ8_0, kQ4_0, kQ4_1 };
 
 struct Blocks {
   const void* codes;
-  const c10::Half* scales;
-  const c10::Half* offsets;  // Q4_1 only
+  const float* scales;
+  const float* offsets;  // Q4_1 only
   int64_t blocks;            // blocks per output row
 };
 
@@ -49,14 +50,14 @@ struct Blocks {
 template <QType kType>
 inline void widen(const Blocks& w, int64_t n, int64_t b, float* __restrict out) {
   const int64_t i = n * w.blocks + b;
-  const float d = static_cast<float>(w.scales[i]);
+  const float d = w.scales[i];
   if constexpr (kType == QType::kQ8_0) {
     const int8_t* q = static_cast<const int8_t*>(w.codes) + i * kBlock;
 #pragma omp simd
     for (int64_t j = 0; j < kBlock; ++j) out[j] = d * static_cast<float>(q[j]);
   } else {
     const uint8_t* q = static_cast<const uint8_t*>(w.codes) + i * kHalf;
-    const float m = kType == QType::kQ4_1 ? static_cast<float>(w.offsets[i]) : 0.f;
+    const float m = kType == QType::kQ4_1 ? w.offsets[i] : 0.f;
 #pragma omp simd
     for (int64_t j = 0; j < kHalf; ++j) {
       const float low = static_cast<float>(q[j] & 15), high = static_cast<float>(q[j] >> 4);
@@ -72,13 +73,11 @@ inline void widen(const Blocks& w, int64_t n, int64_t b, float* __restrict out) 
 }
 
 #ifdef __AVX512F__
-inline float half_to_float(c10::Half h) { return _cvtsh_ss(h.x); }
-
 // Block i (of all blocks, row-major) as two vectors of float32: weights 0-15 and 16-31. Q4_0's d * (q - 8)
 // is one FMA, q * d + (-8 d): exact before its one rounding, so the same bits as the reference.
 template <QType kType>
 inline void widen_vectors(const Blocks& w, int64_t i, __m512& lo, __m512& hi) {
-  const float d = half_to_float(w.scales[i]);
+  const float d = w.scales[i];
   const __m512 dv = _mm512_set1_ps(d);
   if constexpr (kType == QType::kQ8_0) {
     const int8_t* q = static_cast<const int8_t*>(w.codes) + i * kBlock;
@@ -90,7 +89,7 @@ inline void widen_vectors(const Blocks& w, int64_t i, __m512& lo, __m512& hi) {
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
     const __m512 low = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
     const __m512 high = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
-    const __m512 mv = _mm512_set1_ps(kType == QType::kQ4_1 ? half_to_float(w.offsets[i]) : -8.f * d);
+    const __m512 mv = _mm512_set1_ps(kType == QType::kQ4_1 ? w.offsets[i] : -8.f * d);
     lo = _mm512_fmadd_ps(low, dv, mv);
     hi = _mm512_fmadd_ps(high, dv, mv);
   }
@@ -136,11 +135,11 @@ void rows_times_blocks(const float* __restrict x, int64_t x_stride, const Blocks
   for (; n + kCols <= n1; n += kCols) rows_times_columns<kType, kRows, kCols>(x, x_stride, w, bias, n, out, out_stride);
   for (; n < n1; ++n) rows_times_columns<kType, kRows, 1>(x, x_stride, w, bias, n, out, out_stride);
 }
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#elif defined(__AVX2__) && defined(__FMA__)
 // The same with 256-bit vectors: a block is four vectors of 8 weights.
 template <QType kType>
 inline void widen_vectors(const Blocks& w, int64_t i, __m256 (&v)[4]) {
-  const float d = _cvtsh_ss(w.scales[i].x);
+  const float d = w.scales[i];
   const __m256 dv = _mm256_set1_ps(d);
   if constexpr (kType == QType::kQ8_0) {
     const int8_t* q = static_cast<const int8_t*>(w.codes) + i * kBlock;
@@ -153,7 +152,7 @@ inline void widen_vectors(const Blocks& w, int64_t i, __m256 (&v)[4]) {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
     const __m128i nibble = _mm_set1_epi8(15);
     const __m128i low = _mm_and_si128(bytes, nibble), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
-    const __m256 mv = _mm256_set1_ps(kType == QType::kQ4_1 ? _cvtsh_ss(w.offsets[i].x) : -8.f * d);
+    const __m256 mv = _mm256_set1_ps(kType == QType::kQ4_1 ? w.offsets[i] : -8.f * d);
     const __m128i parts[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};  // weights 0-7, ..., 24-31
     for (int k = 0; k < 4; ++k) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k])), dv, mv);
   }
@@ -248,8 +247,8 @@ QType parse_qtype(const std::string& name) {
 // The blocks of a weight, its shape checked against the type: (blocks, in_features).
 Blocks check_blocks(QType type, const at::Tensor& codes, const at::Tensor& scales,
                     const c10::optional<at::Tensor>& offsets) {
-  TORCH_CHECK(scales.dim() == 2 && scales.is_contiguous() && scales.scalar_type() == at::kHalf,
-              "scales must be contiguous float16 [out, in / 32]");
+  TORCH_CHECK(scales.dim() == 2 && scales.is_contiguous() && scales.scalar_type() == at::kFloat,
+              "scales must be contiguous float32 [out, in / 32] (the file's float16 values, widened once)");
   const int64_t out = scales.size(0), blocks = scales.size(1);
   const bool eight = type == QType::kQ8_0;
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.size(0) == out &&
@@ -259,10 +258,10 @@ Blocks check_blocks(QType type, const at::Tensor& codes, const at::Tensor& scale
   const bool has_offsets = offsets.has_value() && offsets->defined();
   TORCH_CHECK(has_offsets == (type == QType::kQ4_1), "offsets are for Q4_1 only, and Q4_1 needs them");
   if (has_offsets) {
-    TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->is_contiguous() && offsets->scalar_type() == at::kHalf,
-                "offsets must be contiguous float16 shaped as the scales");
+    TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->is_contiguous() && offsets->scalar_type() == at::kFloat,
+                "offsets must be contiguous float32 shaped as the scales");
   }
-  return Blocks{codes.data_ptr(), scales.data_ptr<c10::Half>(), has_offsets ? offsets->data_ptr<c10::Half>() : nullptr,
+  return Blocks{codes.data_ptr(), scales.data_ptr<float>(), has_offsets ? offsets->data_ptr<float>() : nullptr,
                 blocks};
 }
 
