@@ -58,7 +58,8 @@ def quantized_candidates(kernels) -> list[Candidate]:
 def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Sequence[tuple[int, int]]],
                             machine: Sequence[str], dense: Sequence[Candidate],
                             makers: Mapping[str, Callable[[Tensor], object]],
-                            choice: Mapping[str, Sequence[str]] | None = None) -> tuple[Callable, Callable, str]:  # fmt: skip
+                            choice: Mapping[str, Sequence[str]] | None = None,
+                            ) -> tuple[Callable, Callable, str]:  # fmt: skip
     """(linear, prepare, description): for each quantized type, per band of row counts, the candidate timed
     fastest on that type's [out, in] `shapes` among the blocks' kernels and the `dense` ones (whose forms
     `makers` make from a dense weight), or `choice[qtype]` as given (tests). `machine`: the timing's cache

@@ -161,7 +161,10 @@ class DecoderForCausalLM(nn.Module):
             if isinstance(module, PreparedLinear):
                 module.prepare(ops)
         quantized, loaded = self.lm_head_quantized, self.lm_head.weight.data
-        self.lm_head_weight = ops.prepare_weight(loaded) if quantized is None else ops.prepare_quantized(quantized, loaded)
+        if quantized is None:
+            self.lm_head_weight = ops.prepare_weight(loaded)
+        else:
+            self.lm_head_weight = ops.prepare_quantized(quantized, loaded)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, attn_fn,
                 layer_done: Callable[[int], None] | None = None) -> torch.Tensor:  # fmt: skip

@@ -81,9 +81,10 @@ inline void widen_vectors(const Blocks& w, int64_t i, __m512& lo, __m512& hi) {
   const __m512 dv = _mm512_set1_ps(d);
   if constexpr (kType == QType::kQ8_0) {
     const int8_t* q = static_cast<const int8_t*>(w.codes) + i * kBlock;
-    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), dv);
-    hi = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + kHalf)))), dv);
+    const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i second = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + kHalf));
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(first)), dv);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(second)), dv);
   } else {
     const uint8_t* q = static_cast<const uint8_t*>(w.codes) + i * kHalf;
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
