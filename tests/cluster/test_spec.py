@@ -87,6 +87,14 @@ def test_flags_override_the_file(tmp_path):
     assert with_overrides(ClusterSpec(), {"prefill.replicas": 0}).prefill.replicas == 0
 
 
+def test_quantization_is_auto_unless_a_flag_or_the_file_says_none_and_reaches_every_pools_engine():
+    assert engine_args_for(spec_from_args(parse_args(["serve"])), "decode").quantization == "auto"
+    spec = spec_from_args(parse_args(["serve", "--quantization", "none"]))
+    assert engine_args_for(spec, "decode").quantization == engine_args_for(spec, "prefill").quantization == "none"
+    with pytest.raises(SpecError, match="engine.quantization"):
+        parse_spec({"engine": {"quantization": "int4"}})
+
+
 def test_no_prefill_pool_is_colocated_mode_and_torch_threads_reach_both_pools():
     spec = spec_from_args(parse_args(["serve", "--num-prefill", "0", "--num-decode", "2", "--torch-threads", "2"]))
     assert (spec.prefill.torch_threads, spec.decode.torch_threads) == (2, 2)
