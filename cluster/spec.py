@@ -26,6 +26,7 @@ from router.policy import POLICIES
 from router.tool_parsers import PARSERS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("auto", "none")  # engine.config.QUANTIZATIONS (the spec does not import the engine)
 _LIVENESS = LivenessPolicy()  # the defaults the router and the controller share
 _CONNECTIONS = ConnectionLimits()
 
@@ -71,7 +72,7 @@ class EngineSpec(_Strict):
     kv_cache_memory: int | None = Field(None, gt=0)  # bytes per worker
     num_kv_blocks: int | None = Field(None, ge=1)
     # "auto": a GGUF model's linears in the file's quantized blocks (engine.gguf_weights); "none": widened
-    quantization: Literal["auto", "none"] = "auto"
+    quantization: Literal[QUANTIZATIONS] = "auto"
 
     @model_validator(mode="after")
     def _one_cache_size(self) -> "EngineSpec":

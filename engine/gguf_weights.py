@@ -141,7 +141,7 @@ def _in_loaded_order(full: QuantizedWeight, start: int, stop: int, loaded: torch
     for order in orders:
         rows = full if order is None else full.permuted_rows(order)
         shard = rows.rows(start, stop)
-        if torch.equal(dequantize(shard).to(loaded.dtype), loaded):
+        if _widens_to(shard, loaded):
             return shard
     return None
 
@@ -154,8 +154,13 @@ def rotary_halves_order(rows: int, heads: int) -> torch.Tensor:
     return torch.argsort(checkpoint_row_at)
 
 
+def _widens_to(weight: QuantizedWeight, loaded: torch.Tensor) -> bool:
+    """Whether `weight`'s blocks widened are `loaded` bit for bit (in its dtype)."""
+    return tuple(loaded.shape) == weight.shape and torch.equal(dequantize(weight).to(loaded.dtype), loaded)
+
+
 def _matches(weight: QuantizedWeight, loaded: torch.Tensor, name: str) -> bool:
-    if tuple(loaded.shape) == weight.shape and torch.equal(dequantize(weight).to(loaded.dtype), loaded):
+    if _widens_to(weight, loaded):
         return True
     logger.warning("%s: the GGUF blocks do not equal the loaded weight; it stays dense", name)
     return False

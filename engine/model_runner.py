@@ -25,11 +25,10 @@ from engine.config import EngineConfig
 from engine.cpu_memory import keep_freed_memory
 from engine.gguf_weights import attach_gguf_blocks
 from engine.kv_cache import allocate_kv_caches, num_blocks_for
-from engine.layers.ops import layer_ops
+from engine.layers.ops import layer_ops, native_kernels_for
 from engine.layers.rotary import RotaryEmbedding
 from engine.model_input import ModelInput, build_model_input
 from engine.models import MODEL_REGISTRY
-from engine.native import load_cpu_kernels
 from engine.parallel.group import SINGLE, TPGroup, destroy_tp_group, init_tp_group
 from engine.parallel.shard import num_kv_heads_per_rank
 from engine.parallel.step_broadcast import StepReceiver, StepSender
@@ -81,8 +80,7 @@ def _gguf_blocks(model: torch.nn.Module, config: EngineConfig) -> str:
     """Attach a GGUF model's quantized blocks to its linears where they are served so (`engine.gguf_weights`:
     on the CPU in float32 or bfloat16, with the native kernels built, unless quantization is "none"); what
     was done, as text."""
-    native = config.device == "cpu" and config.dtype in (torch.float32, torch.bfloat16)
-    if config.quantization == "none" or not native or load_cpu_kernels() is None:
+    if config.quantization == "none" or native_kernels_for(config.device, config.dtype) is None:
         return "weights widened"
     attached = attach_gguf_blocks(model, config.model_dir)
     if not attached:

@@ -28,6 +28,12 @@ _SCALE_BYTES = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 4}  # float16 d (and m) per block,
 QTYPES = tuple(_CODE_BYTES)
 
 
+def check_qtype(qtype: str) -> None:
+    """ValueError naming the supported types, for a type this module has no layout for."""
+    if qtype not in QTYPES:
+        raise ValueError(f"quantized weights of type {qtype!r} are not supported (only {', '.join(QTYPES)})")
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedWeight:
     """A [out, in] linear weight as blocks of 32 along `in` (see the module doc for the types)."""
@@ -38,8 +44,7 @@ class QuantizedWeight:
     offsets: torch.Tensor | None = None  # the same for m of each block (Q4_1); None otherwise
 
     def __post_init__(self):
-        if self.qtype not in QTYPES:
-            raise ValueError(f"quantized weights of type {self.qtype!r} are not supported (only {', '.join(QTYPES)})")
+        check_qtype(self.qtype)
         if (self.offsets is not None) != (self.qtype == "Q4_1"):
             raise ValueError(f"{self.qtype}: offsets are for Q4_1 only, and Q4_1 needs them")
 
@@ -63,8 +68,7 @@ class QuantizedWeight:
     @classmethod
     def from_gguf_rows(cls, qtype: str, raw: np.ndarray | torch.Tensor) -> "QuantizedWeight":
         """The weight from a GGUF tensor's bytes: uint8 [out, blocks of a row x bytes per block]."""
-        if qtype not in QTYPES:
-            raise ValueError(f"quantized weights of type {qtype!r} are not supported (only {', '.join(QTYPES)})")
+        check_qtype(qtype)
         # a copy: a reader's array maps the file read-only
         raw = torch.from_numpy(np.array(raw, dtype=np.uint8)) if isinstance(raw, np.ndarray) else raw.contiguous()
         block_bytes = _SCALE_BYTES[qtype] + _CODE_BYTES[qtype]
@@ -144,6 +148,7 @@ def quantize(dense: torch.Tensor, qtype: str) -> QuantizedWeight:
     """`dense` [out, in] (in a multiple of 32) in blocks of `qtype`, each weight the nearest code (the scales
     are not chosen as carefully as llama.cpp's quantiser chooses them): for tests and for timing kernels on
     the model's shapes, not for serving."""
+    check_qtype(qtype)
     out, inp = dense.shape
     if inp % BLOCK:
         raise ValueError(f"in_features {inp} is not a multiple of {BLOCK}")
@@ -160,13 +165,12 @@ def quantize(dense: torch.Tensor, qtype: str) -> QuantizedWeight:
         inverse = torch.where(d.float() > 0, 1 / d.float(), torch.zeros_like(peak))
         q = (x * inverse[..., None]).round().clamp(-127, 127).to(torch.int8)
         return QuantizedWeight(qtype, q.reshape(out, inp).contiguous(), d)
-    if qtype == "Q4_0":  # as ggml: the weight of largest size is code 0 exactly (-8 d), signs either way
-        extreme = x.gather(-1, x.abs().argmax(-1, keepdim=True))[..., 0]
-        d = (extreme / -8).half()
-        inverse = torch.where(d.float() != 0, 1 / d.float(), torch.zeros_like(peak))
-        q = (x * inverse[..., None] + 8).round().clamp(0, 15).to(torch.uint8)
-        return QuantizedWeight(qtype, _pack_nibbles(q), d)
-    raise ValueError(f"quantized weights of type {qtype!r} are not supported (only {', '.join(QTYPES)})")
+    # Q4_0, as ggml: the weight of largest size is code 0 exactly (-8 d), signs either way
+    extreme = x.gather(-1, x.abs().argmax(-1, keepdim=True))[..., 0]
+    d = (extreme / -8).half()
+    inverse = torch.where(d.float() != 0, 1 / d.float(), torch.zeros_like(peak))
+    q = (x * inverse[..., None] + 8).round().clamp(0, 15).to(torch.uint8)
+    return QuantizedWeight(qtype, _pack_nibbles(q), d)
 
 
 def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:

@@ -86,8 +86,10 @@ def make_packed_linear(kernels) -> tuple[Callable[[Tensor], PackedWeight], Calla
 def dense_weight(weight, kernels=None) -> Tensor:
     """The [out, in] matrix of a prepared weight (for checks; packing is exact, so this is the checkpoint;
     GGUF blocks widen to the converted checkpoint's float32 values)."""
-    if isinstance(weight, (QuantizedWeight, BlockForms)):
-        return dequantize(weight if isinstance(weight, QuantizedWeight) else weight.blocks)
+    if isinstance(weight, BlockForms):
+        weight = weight.blocks
+    if isinstance(weight, QuantizedWeight):
+        return dequantize(weight)
     if isinstance(weight, LinearForms):
         return weight.forms["dense"] if "dense" in weight.forms else dense_weight(next(iter(weight.forms.values())))
     if isinstance(weight, PackedWeight):
@@ -255,15 +257,18 @@ def _by_weight_kind(dense: Callable[..., Tensor], quantized: Callable[..., Tenso
     return linear
 
 
+def native_kernels_for(device: str, dtype: torch.dtype):
+    """The native CPU kernels where they run a model on `device` in `dtype` (float32 or bfloat16 on the CPU,
+    once built); None elsewhere, where the PyTorch ops run it."""
+    return load_cpu_kernels() if device == "cpu" and dtype in (torch.float32, torch.bfloat16) else None
+
+
 def layer_ops(device: str, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]] = (),
               op_shapes: OpShapes | None = None,
               quantized_shapes: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> LayerOps:  # fmt: skip
     """The layer's ops for a model on `device` (see the module doc). A model with weights in GGUF blocks
     (`quantized_shapes`) needs the native kernels: the loader attaches blocks only where they load."""
-    if device != "cpu":
-        return TORCH_OPS
-    usable = dtype in (torch.float32, torch.bfloat16) and (linear_shapes or quantized_shapes)
-    kernels = load_cpu_kernels() if usable else None
+    kernels = native_kernels_for(device, dtype) if linear_shapes or quantized_shapes else None
     if kernels is None:
         return TORCH_OPS
     return native_ops(kernels, dtype, linear_shapes, op_shapes=op_shapes, quantized_shapes=quantized_shapes)

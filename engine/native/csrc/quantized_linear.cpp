@@ -20,7 +20,13 @@
 // The result: [rows, out] float32.
 #include "tensor_api.h"
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// The vector width the blocks are widened into: 512 (AVX-512), 256 (AVX2 with FMA), or none (plain loops).
+#if defined(__AVX512F__)
+#define TANDEM_BLOCK_VECTOR_BITS 512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define TANDEM_BLOCK_VECTOR_BITS 256
+#endif
+#ifdef TANDEM_BLOCK_VECTOR_BITS
 #include <immintrin.h>
 #endif
 
@@ -72,7 +78,7 @@ inline void widen(const Blocks& w, int64_t n, int64_t b, float* __restrict out) 
   }
 }
 
-#ifdef __AVX512F__
+#if TANDEM_BLOCK_VECTOR_BITS == 512
 // Block i (of all blocks, row-major) as two vectors of float32: weights 0-15 and 16-31. Q4_0's d * (q - 8)
 // is one FMA, q * d + (-8 d): exact before its one rounding, so the same bits as the reference.
 template <QType kType>
@@ -126,17 +132,7 @@ inline void rows_times_columns(const float* __restrict x, int64_t x_stride, cons
     }
   }
 }
-
-// out[r, n] for r < kRows, n in [n0, n1).
-template <QType kType, int64_t kRows>
-void rows_times_blocks(const float* __restrict x, int64_t x_stride, const Blocks& w, const float* bias, int64_t n0,
-                       int64_t n1, float* __restrict out, int64_t out_stride) {
-  constexpr int64_t kCols = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;  // at most 8 accumulators side by side
-  int64_t n = n0;
-  for (; n + kCols <= n1; n += kCols) rows_times_columns<kType, kRows, kCols>(x, x_stride, w, bias, n, out, out_stride);
-  for (; n < n1; ++n) rows_times_columns<kType, kRows, 1>(x, x_stride, w, bias, n, out, out_stride);
-}
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif TANDEM_BLOCK_VECTOR_BITS == 256
 // The same with 256-bit vectors: a block is four vectors of 8 weights.
 template <QType kType>
 inline void widen_vectors(const Blocks& w, int64_t i, __m256 (&v)[4]) {
@@ -189,11 +185,14 @@ inline void rows_times_columns(const float* __restrict x, int64_t x_stride, cons
     for (int64_t r = 0; r < kRows; ++r) out[r * out_stride + n + c] = sum_lanes(acc[r][c]) + bn;
   }
 }
+#endif
 
+#ifdef TANDEM_BLOCK_VECTOR_BITS
+// out[r, n] for r < kRows, n in [n0, n1), kCols outputs at a time (rows_times_columns says why).
 template <QType kType, int64_t kRows>
 void rows_times_blocks(const float* __restrict x, int64_t x_stride, const Blocks& w, const float* bias, int64_t n0,
                        int64_t n1, float* __restrict out, int64_t out_stride) {
-  constexpr int64_t kCols = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;
+  constexpr int64_t kCols = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;  // at most 8 accumulators side by side
   int64_t n = n0;
   for (; n + kCols <= n1; n += kCols) rows_times_columns<kType, kRows, kCols>(x, x_stride, w, bias, n, out, out_stride);
   for (; n < n1; ++n) rows_times_columns<kType, kRows, 1>(x, x_stride, w, bias, n, out, out_stride);
