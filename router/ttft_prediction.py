@@ -39,6 +39,12 @@ class PromptRate:
         self._readings.append(reading)
 
     @property
+    def settled(self) -> bool:
+        """True when its window holds one reading only: no prompt work for a whole window, so the rate is the
+        cumulative one and stays put until the worker computes a prompt again."""
+        return len(self._readings) == _WINDOW and self._readings[0] == self._readings[-1]
+
+    @property
     def tokens_per_s(self) -> float | None:
         """None until the worker has computed a prompt."""
         if not self._readings or self._readings[-1][1] <= 0:

@@ -32,6 +32,18 @@ def test_the_rate_is_measured_over_recent_reports_and_starts_over_with_the_worke
     assert rate.tokens_per_s == pytest.approx(100)
 
 
+def test_the_rate_settles_once_a_whole_window_has_seen_no_prompt_work():
+    rate = PromptRate()
+    rate.observe(_load(0, 0.0))
+    rate.observe(_load(1000, 0.5))
+    assert not rate.settled
+    for _ in range(40):
+        rate.observe(_load(1000, 0.5))
+    assert rate.settled and rate.tokens_per_s == pytest.approx(2000)
+    rate.observe(_load(1200, 0.6))
+    assert not rate.settled
+
+
 def _worker(queued: int, tokens_per_s: float | None) -> WorkerState:
     worker = WorkerState("w", "prefill", prompt_tokens_queued=queued)
     if tokens_per_s is not None:
