@@ -41,7 +41,6 @@ MIN_STEPS = 20  # fewer served steps than this fit nothing (the load was too sho
 MIN_ROW_COUNTS = 3  # steps that sampled fewer different numbers of rows: no time per sampled row
 STALL_RATIO = 1.8  # a served step this many times its fitted time was stalled by the VM: left out of the fit
 MIN_PROMPT_STEPS = 5  # fewer steps with prompt tokens: the idle phase's prefill factor is kept
-_SHAPE = tuple(f.name for f in dataclasses.fields(StepShape))  # a trace line's keys that are its step's shape
 
 
 def loaded_steps(folder: str | Path, start: float, end: float) -> dict[str, list[dict]]:
@@ -55,7 +54,7 @@ def loaded_steps(folder: str | Path, start: float, end: float) -> dict[str, list
 
 
 def shape(step: dict) -> StepShape:
-    return StepShape(**{k: step[k] for k in _SHAPE})
+    return StepShape.from_record(step)
 
 
 def round_gap(steps: dict[str, list[dict]]) -> float | None:

@@ -16,6 +16,8 @@ share of it a kernel reaches:
                                   + tensor parallel: 2 all-reduces per layer, ALLREDUCE_LATENCY_S each
     per_token_comm_s            = 2 * layers * 2 (tp - 1) / tp * hidden * bytes / (NVLink * LINK_EFFICIENCY)
     per_sequence_s              = HOST_PER_SEQUENCE_S
+    per_prefix_attention_pair_s, per_small_step_token_s = 0   (a measured profile's: no published figure
+                                  says what a masked chunk or a small matrix product loses on a GPU)
     KV capacity                 = (memory * GPU_MEMORY_UTILIZATION - weights / tp - ACTIVATION_RESERVE) per
                                   GPU, times tp, over the KV bytes of a token; a model that does not fit is an error
     KV transfer between pools   = TRANSFER_LATENCY_S + bytes / (inter-node link * LINK_EFFICIENCY)

@@ -15,16 +15,18 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from costmodel import FitReport, StepCost, StepShape
+from costmodel.step_cost import SMALL_STEP_TOKENS
 
 FITTED = ("fixed_s", "weights_s", "per_token_s", "per_sampled_row_s", "per_sequence_s",
           "per_decode_context_token_s", "per_attention_pair_s", "per_prefill_context_token_s",
-          "per_longest_decode_context_s")  # fmt: skip
+          "per_longest_decode_context_s", "per_prefix_attention_pair_s", "per_small_step_token_s")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class StepSample:
     shape: StepShape
     seconds: float
+    chunks: tuple[tuple[int, int], ...] = ()  # its prefill chunks, (new, context) each (`runtime.step_shapes`)
 
 
 def fit_step_cost(samples: Sequence[StepSample]) -> tuple[StepCost, FitReport]:
@@ -67,17 +69,21 @@ def describe(shape: StepShape) -> str:
 
 
 def _features(samples: Sequence[StepSample]) -> np.ndarray:
-    """[n, 7]: tokens, sampled rows, sequences, decode context tokens, prefill attention pairs, prefill context,
-    longest decode context."""
+    """[n, 9]: tokens, sampled rows, sequences, decode context tokens, prefill attention pairs, prefill context,
+    longest decode context, prefix attention pairs, small-step tokens."""
     return np.array([(s.shape.tokens, s.shape.sampled_rows, s.shape.sequences, s.shape.decode_context_tokens,
-                      s.shape.prefill_attention_pairs, s.shape.prefill_context_tokens, s.shape.longest_decode_context)
+                      s.shape.prefill_attention_pairs, s.shape.prefill_context_tokens, s.shape.longest_decode_context,
+                      s.shape.prefix_attention_pairs, min(s.shape.tokens, SMALL_STEP_TOKENS))
                      for s in samples], dtype=float)  # fmt: skip
 
 
 def _predict(p: np.ndarray, x: np.ndarray) -> np.ndarray:
-    fixed, weights, per_token, per_row, per_seq, per_ctx, per_pair, per_prefill_ctx, per_longest = p
-    return (fixed + np.maximum(weights, per_token * x[:, 0]) + per_row * x[:, 1] + per_seq * x[:, 2]
-            + per_ctx * x[:, 3] + per_pair * x[:, 4] + per_prefill_ctx * x[:, 5] + per_longest * x[:, 6])  # fmt: skip
+    """`StepCost.seconds` over the rows of `_features`, the terms in `FITTED`'s order."""
+    (fixed, weights, per_token, per_row, per_seq, per_ctx, per_pair, per_prefill_ctx, per_longest, per_prefix_pair,
+     per_small) = p
+    linear = np.maximum(weights, per_token * x[:, 0] + per_small * x[:, 8])
+    return (fixed + linear + per_row * x[:, 1] + per_seq * x[:, 2] + per_ctx * x[:, 3] + per_pair * x[:, 4]
+            + per_prefill_ctx * x[:, 5] + per_longest * x[:, 6] + per_prefix_pair * x[:, 7])  # fmt: skip
 
 
 def _first_guess(x: np.ndarray, t: np.ndarray) -> np.ndarray:

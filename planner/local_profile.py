@@ -29,7 +29,7 @@ from planner.layout import EngineLimits
 from planner.profiler import ProfileGrid
 
 logger = logging.getLogger("tandem.planner")
-METHOD = "grid-v5"  # how steps are timed and fitted: part of the key
+METHOD = "grid-v6"  # how steps are timed and fitted: part of the key
 
 
 @dataclass(frozen=True)
@@ -154,17 +154,21 @@ def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = 
 
 
 def save_samples(samples, path: str | Path) -> None:
-    """The measured steps beside the profile (each shape's counts and its seconds): the fit's evidence."""
-    rows = [{**dataclasses.asdict(s.shape), "seconds": s.seconds} for s in samples]
+    """The measured steps beside the profile (each shape's counts, its seconds and its prefill chunks): the
+    fit's evidence."""
+    rows = [{**dataclasses.asdict(s.shape), "seconds": s.seconds, "chunks": s.chunks} for s in samples]
     Path(path).write_text(json.dumps(rows) + "\n")
 
 
 def load_samples(path: str | Path) -> list:
+    return [_sample(row) for row in json.loads(Path(path).read_text())]
+
+
+def _sample(row: dict):
     from costmodel import StepShape
     from planner.fit import StepSample
 
-    rows = json.loads(Path(path).read_text())
-    return [StepSample(StepShape(**{k: v for k, v in row.items() if k != "seconds"}), row["seconds"]) for row in rows]
+    return StepSample(StepShape.from_record(row), row["seconds"], tuple(tuple(c) for c in row.get("chunks", ())))
 
 
 def probe_transfer(config, dtype: str) -> TransferCost:

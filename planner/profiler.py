@@ -166,7 +166,7 @@ class StepProfiler:
         self.engine.step()
         seconds = time.perf_counter() - start
         if self.runner.last_shape is not None:
-            self.samples.append(StepSample(self.runner.last_shape, seconds))
+            self.samples.append(StepSample(self.runner.last_shape, seconds, self.runner.last_chunks))
             self.runner.last_shape = None
 
     def _tokens(self, n: int) -> list[int]:

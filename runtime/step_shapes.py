@@ -13,7 +13,7 @@ def shape_of(scheduled: Sequence[ScheduledRequest]) -> StepShape:
     """Call before the step moves its requests on: `num_computed_tokens` is each one's context.
     (`StepShape.of`'s counts, in one pass: the simulator prices every step it runs.)"""
     tokens = sampled = decode_ctx = longest = prefill_ctx = 0
-    pairs = 0.0
+    pairs = prefix_pairs = 0.0
     for s in scheduled:
         context, new = s.request.num_computed_tokens, s.num_new_tokens
         tokens += new
@@ -23,19 +23,27 @@ def shape_of(scheduled: Sequence[ScheduledRequest]) -> StepShape:
             longest = max(longest, context + 1)
         else:
             sampled += s.samples
-            pairs += chunk_attention_pairs(new, context)
+            chunk_pairs = chunk_attention_pairs(new, context)
+            pairs += chunk_pairs
+            prefix_pairs += chunk_pairs if context else 0.0
             prefill_ctx += new + context
-    return StepShape(tokens, len(scheduled), sampled, decode_ctx, pairs, prefill_ctx, longest)
+    return StepShape(tokens, len(scheduled), sampled, decode_ctx, pairs, prefill_ctx, longest, prefix_pairs)
+
+
+def prefill_chunks(scheduled: Sequence[ScheduledRequest]) -> tuple[tuple[int, int], ...]:
+    """Each prefill chunk of the step as (new tokens, context tokens): the evidence a shape's counts sum up,
+    kept beside them so that a cost term the counts do not give can be fitted again from measured steps."""
+    return tuple((s.num_new_tokens, s.request.num_computed_tokens) for s in scheduled if not s.is_decode)
 
 
 class RecordingRunner:
     """An engine's runner, plus the shape of the step it was last asked to prepare (read before the step moves
-    its requests on) and its prompt tokens (the prefill chunks'; the rest are decode rows). The profiler and a
-    served worker's step trace (`runtime.step_trace`) put one in place of `engine.runner`; `last_shape` is
-    theirs to take (and to set back to None)."""
+    its requests on), its prompt tokens (the prefill chunks'; the rest are decode rows) and its prefill chunks.
+    The profiler and a served worker's step trace (`runtime.step_trace`) put one in place of `engine.runner`;
+    `last_shape` is theirs to take (and to set back to None)."""
 
     def __init__(self, inner):
-        self.inner, self.last_shape, self.last_prompt_tokens = inner, None, 0
+        self.inner, self.last_shape, self.last_prompt_tokens, self.last_chunks = inner, None, 0, ()
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -43,4 +51,5 @@ class RecordingRunner:
     def prepare(self, scheduled):
         self.last_shape = shape_of(scheduled)
         self.last_prompt_tokens = sum(s.num_new_tokens for s in scheduled if not s.is_decode)
+        self.last_chunks = prefill_chunks(scheduled)
         return self.inner.prepare(scheduled)

@@ -7,7 +7,8 @@ Each worker's loop appends to DIR/<worker name>-<pid>.jsonl, one line a step:
 
     {"t": monotonic start (s), "s": the step's seconds (`LLMEngine.step` whole, as the loop pays it),
      "tokens": ..., "sequences": ..., ...,   the step's `costmodel.StepShape`
-     "prompt_tokens": ...}                    its prefill chunks' tokens (the rest are decode rows)
+     "prompt_tokens": ...,                    its prefill chunks' tokens (the rest are decode rows)
+     "chunks": [[new, context], ...]}         each prefill chunk (`runtime.step_shapes.prefill_chunks`)
 
 A step that scheduled nothing (no free block) has no line. Unset (the default), nothing is wrapped or timed.
 """
@@ -48,7 +49,7 @@ class StepTrace:
             shape, self.runner.last_shape = self.runner.last_shape, None
             if shape is not None:
                 line = {"t": round(start, 6), "s": round(seconds, 6), **dataclasses.asdict(shape),
-                        "prompt_tokens": self.runner.last_prompt_tokens}  # fmt: skip
+                        "prompt_tokens": self.runner.last_prompt_tokens, "chunks": self.runner.last_chunks}  # fmt: skip
                 self._file.write(json.dumps(line) + "\n")
 
     def close(self) -> None:

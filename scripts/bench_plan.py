@@ -319,7 +319,8 @@ def predict_pass(folder: Path, manifest: dict, rows: list[dict], cached_profiles
 # The step cost terms a memory-bound (decode-like) piece of work paces, and the compute-bound (prefill-like) ones.
 DECODE_TERMS = ("fixed_s", "weights_s", "per_sampled_row_s", "per_sequence_s", "per_decode_context_token_s",
                 "per_longest_decode_context_s")  # fmt: skip
-PREFILL_TERMS = ("per_token_s", "per_token_comm_s", "per_attention_pair_s", "per_prefill_context_token_s")
+PREFILL_TERMS = ("per_token_s", "per_token_comm_s", "per_attention_pair_s", "per_prefill_context_token_s",
+                 "per_prefix_attention_pair_s", "per_small_step_token_s")
 
 
 def paced_profile(path: Path, attempt: dict, reference: Pace, out: Path) -> Path:

@@ -9,6 +9,7 @@ import pytest
 
 from costmodel import ModelDims, Neighbours, Profile, ServingCost, StepCost, StepShape, TransferCost, devices
 from costmodel import published_profile
+from costmodel.step_cost import SMALL_STEP_TOKENS
 from costmodel.step_shape import chunk_attention_pairs
 from planner.local_profile import load_samples
 from tests.planner.profiles import TINY_DIMS, hand_profile
@@ -22,7 +23,28 @@ def test_a_mixed_step_counts_what_each_term_prices():
     assert shape.decode_context_tokens == 10 + 100 and shape.longest_decode_context == 100
     assert shape.prefill_attention_pairs == 100 * (28 + 50.5) + 64 * 32.5
     assert shape.prefill_context_tokens == 128 + 64
+    assert shape.prefix_attention_pairs == 100 * (28 + 50.5)  # only the chunk after a cached prefix
     assert chunk_attention_pairs(1, 0) == 1  # one query sees itself
+
+
+def test_a_chunk_after_a_cached_prefix_pays_more_per_pair_and_a_small_step_more_per_token():
+    cost = StepCost(per_token_s=0.001, per_small_step_token_s=0.0005, per_attention_pair_s=1e-6,
+                    per_prefix_attention_pair_s=5e-7)  # fmt: skip
+    whole, after = StepShape.prefill(512), StepShape.prefill(256, 256)
+    assert cost.terms(whole)["linear"] == pytest.approx(512 * 0.001 + SMALL_STEP_TOKENS * 0.0005)
+    assert cost.terms(StepShape.prefill(64))["linear"] == pytest.approx(64 * 0.0015)
+    assert cost.terms(whole)["prefill_attention"] == pytest.approx(whole.prefill_attention_pairs * 1e-6)
+    assert cost.terms(after)["prefill_attention"] == pytest.approx(after.prefill_attention_pairs * 1.5e-6)
+
+
+def test_a_kept_step_gives_its_shape_and_one_kept_before_prefix_pairs_gets_them_from_its_chunks():
+    shape = StepShape.of(prefills=[(48, 768, True), (100, 0, True)], decode_contexts=[9])
+    line = {"t": 1.0, "s": 0.2, **dataclasses.asdict(shape), "prompt_tokens": 148, "chunks": [[48, 768], [100, 0]]}
+    assert StepShape.from_record(line) == shape
+    del line["prefix_attention_pairs"]
+    assert StepShape.from_record(line) == shape  # from its chunks
+    del line["chunks"]
+    assert StepShape.from_record(line) == dataclasses.replace(shape, prefix_attention_pairs=0.0)  # nothing to tell
 
 
 def test_the_linear_layers_cost_whichever_binds():

@@ -320,6 +320,11 @@ def test_step_trace_writes_each_served_step_with_its_shape(tiny_model_dirs, tmp_
     total = sum(map(len, PROMPTS.values()))
     assert sum(s["sampled_rows"] for s in prefill_steps) == len(PROMPTS)
     assert sum(s["tokens"] for s in prefill_steps) in (total - 32, total)
+    # Each line keeps its prefill chunks, whose counts its shape sums up.
+    for s in prefill_steps:
+        assert sum(new for new, _ in s["chunks"]) == s["prompt_tokens"] == s["tokens"]
+        assert sum(new + context for new, context in s["chunks"]) == s["prefill_context_tokens"]
+    assert all(s["chunks"] == [] for s in decode_steps)
     # Decode runs tokens 2..8 of each request, one row a step each, after the context it received.
     assert all(s["tokens"] == s["sequences"] == s["sampled_rows"] and s["decode_context_tokens"] > 0
                for s in decode_steps)  # fmt: skip

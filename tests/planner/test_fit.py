@@ -10,7 +10,8 @@ from costmodel import StepCost, StepShape
 from planner.fit import StepSample, fit_step_cost
 
 TRUE = StepCost(fixed_s=0.002, weights_s=0.015, per_token_s=0.0005, per_sampled_row_s=0.0002,
-                per_decode_context_token_s=1e-6, per_attention_pair_s=3e-7, per_prefill_context_token_s=2e-6)  # fmt: skip
+                per_decode_context_token_s=1e-6, per_attention_pair_s=3e-7, per_prefill_context_token_s=2e-6,
+                per_prefix_attention_pair_s=2e-7, per_small_step_token_s=1e-4)  # fmt: skip
 
 
 def shapes() -> list[StepShape]:
@@ -24,6 +25,8 @@ def test_noiseless_steps_are_fitted_exactly():
     cost, report = fit_step_cost([StepSample(s, TRUE.seconds(s)) for s in shapes()])
     assert report.max_abs_error < 0.01
     assert cost.per_token_s == pytest.approx(TRUE.per_token_s, rel=0.02)
+    assert cost.per_prefix_attention_pair_s == pytest.approx(TRUE.per_prefix_attention_pair_s, rel=0.05)
+    assert cost.per_small_step_token_s == pytest.approx(TRUE.per_small_step_token_s, rel=0.05)
     assert cost.fixed_s + cost.weights_s == pytest.approx(TRUE.fixed_s + TRUE.weights_s, rel=0.05)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from costmodel import StepShape
 from engine import EngineArgs, LLMEngine
 from planner.fit import fit_step_cost
 from planner.layout import EngineLimits
@@ -21,6 +22,10 @@ def test_the_grid_times_each_kind_of_step(tiny_model_dirs):
     assert any(s.prefill_context_tokens >= 32 + 16 and s.tokens == 16 for s in shapes)  # after a cached prefix
     assert any(s.decode_context_tokens and s.prefill_attention_pairs for s in shapes)  # mixed
     assert all(s.seconds > 0 for s in samples)
+    for sample in samples:  # the prefill chunks kept beside each shape give its prefill counts
+        chunks = StepShape.of(prefills=[(new, context, False) for new, context in sample.chunks])
+        assert chunks.prefill_attention_pairs == sample.shape.prefill_attention_pairs
+        assert chunks.prefill_context_tokens == sample.shape.prefill_context_tokens
     assert not engine.has_unfinished_requests() and engine.kv_cache.num_free_blocks == engine.kv_cache.pool.num_blocks
     cost, report = fit_step_cost(samples)
     assert report.points == len(samples) and cost.seconds(shapes[0]) > 0
@@ -35,7 +40,8 @@ def test_a_profile_is_measured_once_and_then_read_from_the_cache(tiny_model_dirs
     assert first.transfer.bytes_per_s > 1e6 and first.kv_cache_tokens > 0
     assert first.model.num_layers == 2 and first.dtype == "float32" and first.dtype_bytes == 4
     (samples_file,) = (tmp_path / "profiles").glob("*.samples.json")
-    assert len(load_samples(samples_file)) == first.fit.points
+    kept = load_samples(samples_file)
+    assert len(kept) == first.fit.points and any(s.chunks for s in kept)
 
     import planner.local_profile
 
