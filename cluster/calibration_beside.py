@@ -1,6 +1,6 @@
 """The serving calibration's `beside` phase: prompts prefilled on one worker while another on its host decodes.
 
-    rounds = beside_phase(beside_spec(model, threads, replicas), vocab_size)   # its own deployment, then stopped
+    rounds = beside_phase(beside_spec(model, threads, replicas, engine), vocab_size)   # its own deployment, then stopped
     serving = dataclasses.replace(serving, **prompt_contention(rounds),
                                   beside_prefill_factor=beside_prefill_factor(profile, rounds))
 
@@ -52,11 +52,13 @@ class BesideRound:
     alone_s: float  # how long the stream ran alone before the probes
 
 
-def beside_spec(model: str | None, threads: int, replicas: int):
-    """1 prefill + `replicas - 1` decode workers of `threads` threads: the host as full as `replicas` fill it."""
+def beside_spec(model: str | None, threads: int, replicas: int, engine: dict | None = None):
+    """1 prefill + `replicas - 1` decode workers of `threads` threads: the host as full as `replicas` fill it;
+    `engine`: the spec's engine knobs (None: the defaults)."""
     from cluster.spec import parse_spec
 
-    return parse_spec({"model": model, "router": {"port": 0}, "prefill": {"replicas": 1, "torch_threads": threads},
+    return parse_spec({"model": model, "engine": engine or {}, "router": {"port": 0},
+                       "prefill": {"replicas": 1, "torch_threads": threads},
                        "decode": {"replicas": replicas - 1, "torch_threads": threads}})  # fmt: skip
 
 

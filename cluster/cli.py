@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from cluster.spec import QUANTIZATIONS, ClusterSpec, SpecError, load_spec, with_overrides
+from cluster.spec import QUANTIZATION_HELP, QUANTIZATIONS, ClusterSpec, SpecError, load_spec, with_overrides
 from router.tool_parsers import PARSERS
 
 # flag dest -> spec field; a flag left unset keeps the spec's value
@@ -98,9 +98,7 @@ def add_spec_flags(p) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--kv-cache-memory", type=int, help="KV cache bytes per worker")
     p.add_argument("--num-kv-blocks", type=int, help="KV cache blocks per worker (instead of --kv-cache-memory)")
-    p.add_argument("--quantization", choices=QUANTIZATIONS,
-                   help="auto (default): a GGUF model's weights stay in the file's quantized blocks where the CPU "
-                        "kernels take them; none: widened to the dtype")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, help="both pools")
     p.add_argument("--torch-threads", type=int, help="torch threads per worker rank, both pools (default 1)")
     p.add_argument("--routing-policy", help="cache_aware (default), least_loaded, round_robin")

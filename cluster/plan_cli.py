@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from cluster.cli import add_spec_flags, spec_from_args
+from cluster.spec import QUANTIZATION_HELP, QUANTIZATIONS
 from cluster.layout_profiles import ProfileFiles, layout_of
 
 DEFAULT_PERCENTILE_METRICS = "ttft,tpot,itl"
@@ -33,6 +34,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     p.add_argument("--torch-threads", type=int, default=1, help="threads of the worker to profile (default 1)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto", help=QUANTIZATION_HELP)
     p.add_argument("--device", help="a GPU known by its published figures (h100, h200, a100, l40s) instead of this machine")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="with --device: GPUs per worker")
     p.add_argument("--price", type=float, help="with --device: price of one device-hour (a plan's goodput per dollar)")
@@ -126,13 +128,14 @@ def run_profile(args: argparse.Namespace) -> None:
         from planner.layout import EngineLimits
         from planner.local_profile import LocalWorker, local_profile
 
-        limits = EngineLimits(max_num_batched_tokens=args.max_num_batched_tokens)
+        limits = EngineLimits(max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization)
         profile = local_profile(LocalWorker(args.model, args.dtype, args.torch_threads, limits), args.refresh,
                                 on_progress=progress)  # fmt: skip
         if args.output:  # the evidence beside it: the steps it was fitted to, and what a calibration measured
             keep_samples(profile, evidence_path(args.output, "samples"))
         if args.serving:
-            profile = calibrated(profile, args.model, evidence_path(args.output, "calibration") if args.output else None)
+            record_to = evidence_path(args.output, "calibration") if args.output else None
+            profile = calibrated(profile, args.model, limits, record_to)
     if args.output:
         profile.save(args.output)
     print(json.dumps(profile.to_dict(), indent=1) if args.json else describe_profile(profile))
@@ -154,15 +157,17 @@ def keep_samples(profile, path: Path) -> None:
         shutil.copyfile(cached, path)
 
 
-def calibrated(profile, model: str | None, record_to: Path | None = None):
-    """`profile` with its serving costs measured on this machine (`cluster.serving_calibration`), cached; what
-    the calibration measured also written to `record_to`, when given."""
+def calibrated(profile, model: str | None, limits, record_to: Path | None = None):
+    """`profile` with its serving costs measured on this machine (`cluster.serving_calibration`), on workers of
+    the engine knobs it was measured with (`limits`), cached; what the calibration measured also written to
+    `record_to`, when given."""
     from cluster.layout import Machines
     from cluster.serving_calibration import calibrate
-    from planner.local_profile import store
+    from planner.local_profile import engine_spec, store
 
     replicas = max(1, int(Machines.this_machine().local_cpus) // profile.torch_threads)
-    profile = calibrate(profile, model, replicas, on_progress=progress, record_to=record_to)
+    profile = calibrate(profile, model, replicas, on_progress=progress, record_to=record_to,
+                        engine=engine_spec(limits))  # fmt: skip
     store(profile)
     return profile
 

@@ -69,11 +69,13 @@ CALIBRATIONS = 3
 
 
 def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None] = print,
-              record_to: str | Path | None = None) -> Profile:  # fmt: skip
+              record_to: str | Path | None = None, engine: dict | None = None) -> Profile:  # fmt: skip
     """`profile` with the serving costs measured on `replicas` colocated workers of its kind (see the module doc),
     measured again when the machine moved under it (`steadiest`); what was measured is also written to
-    `record_to` (a `CalibrationRecord`), when given."""
-    record = steadiest(lambda: _measured(profile, model, replicas, on_progress), on_progress)
+    `record_to` (a `CalibrationRecord`), when given. `engine`: the knobs the profile was measured with (the
+    spec's `engine` section, `LocalWorker.engine_spec`), which every deployment of the calibration serves
+    with; None: the defaults."""
+    record = steadiest(lambda: _measured(profile, model, replicas, on_progress, engine or {}), on_progress)
     if record_to is not None:
         record.save(record_to)
     return fitted(profile, record)
@@ -95,7 +97,7 @@ def steadiest(measure: Callable[[], CalibrationRecord], on_progress: Callable[[s
 
 
 def _measured(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None],
-              ) -> CalibrationRecord:  # fmt: skip
+              engine: dict) -> CalibrationRecord:  # fmt: skip
     """Every phase measured once, on deployments started for it (see the module doc)."""
     import ray
 
@@ -106,9 +108,9 @@ def _measured(profile: Profile, model: str | None, replicas: int, on_progress: C
         try:
             beside = None
             if replicas > 1:
-                spec = calibration_beside.beside_spec(model, profile.torch_threads, replicas)
+                spec = calibration_beside.beside_spec(model, profile.torch_threads, replicas, engine)
                 beside = calibration_beside.beside_phase(spec, profile.model.vocab_size, on_progress=on_progress)
-            idle, requests, loaded, window = _colocated_phases(profile, model, replicas, on_progress)
+            idle, requests, loaded, window = _colocated_phases(profile, model, replicas, on_progress, engine)
         finally:
             ray.shutdown()
         steps = calibration_steps.loaded_steps(traces, *window)
@@ -129,15 +131,21 @@ def _step_traces_to(folder: str):
             os.environ[step_trace.ENV] = before
 
 
+def colocated_spec(model: str | None, replicas: int, threads: int, engine: dict):
+    """`replicas` colocated workers of `threads` threads serving with the knobs `engine` (a spec's section)."""
+    from cluster.spec import parse_spec
+
+    return parse_spec({"model": model, "engine": engine, "router": {"port": 0}, "prefill": {"replicas": 0},
+                       "decode": {"replicas": replicas, "torch_threads": threads}})  # fmt: skip
+
+
 def _colocated_phases(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None],
-                      ) -> tuple[list[Outcome], list[SimRequest], list[Outcome], tuple[float, float]]:  # fmt: skip
+                      engine: dict) -> tuple[list[Outcome], list[SimRequest], list[Outcome], tuple[float, float]]:  # fmt: skip
     """The idle and loaded phases on `replicas` colocated workers: (idle outcomes, the load, its outcomes, when
     the load ran: monotonic start and end)."""
     from cluster.deployment import Deployment
-    from cluster.spec import parse_spec
 
-    spec = parse_spec({"model": model, "router": {"port": 0}, "prefill": {"replicas": 0},
-                       "decode": {"replicas": replicas, "torch_threads": profile.torch_threads}})  # fmt: skip
+    spec = colocated_spec(model, replicas, profile.torch_threads, engine)
     on_progress(f"serving calibration: starting {replicas} colocated worker(s) of {profile.torch_threads} thread(s)")
     deployment = Deployment(spec)
     try:

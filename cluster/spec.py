@@ -27,6 +27,8 @@ from router.tool_parsers import PARSERS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none")  # engine.config.QUANTIZATIONS (the spec does not import the engine)
+QUANTIZATION_HELP = ("auto (default): a GGUF model's weights stay in the file's quantized blocks where the CPU kernels "
+                     "take them; none: widened to the dtype")
 _LIVENESS = LivenessPolicy()  # the defaults the router and the controller share
 _CONNECTIONS = ConnectionLimits()
 

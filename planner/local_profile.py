@@ -53,6 +53,12 @@ class LocalWorker:
                           quantization=lim.quantization)  # fmt: skip
 
 
+def engine_spec(limits: EngineLimits) -> dict:
+    """The knobs of `limits` as a cluster spec's `engine` section (`cluster.spec.EngineSpec`: the same names):
+    a deployment of the worker a profile measured (its serving calibration) runs the same engine."""
+    return {k: v for k, v in dataclasses.asdict(limits).items() if v is not None}
+
+
 def model_dims(model_dir: str | Path, name: str = "") -> ModelDims:
     config = json.loads((Path(model_dir) / "config.json").read_text())
     return ModelDims.from_hf_config(config, name or Path(model_dir).name)

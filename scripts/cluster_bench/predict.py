@@ -47,11 +47,12 @@ def workload_flags(workload: Workload) -> tuple[str, ...]:
 def calibrate(config: Config, model: str | None, engine: dict) -> None:
     """This machine's profile of `config`'s workers measured if not cached, with serving's costs measured now
     (a real deployment of that worker kind, a few minutes), and cached for `predicted`. A profile is cached
-    per engine knobs, and `tandem profile` takes only the chunk budget: with other knobs given, `predicted`
-    measures a profile of its own, uncalibrated."""
+    per engine knobs, and `tandem profile` takes only the chunk budget and the quantization: with other knobs
+    given, `predicted` measures a profile of its own, uncalibrated."""
     flags = ["--model", model] if model else []
-    if engine.get("max_num_batched_tokens"):
-        flags += ["--max-num-batched-tokens", str(engine["max_num_batched_tokens"])]
+    for knob in ("max_num_batched_tokens", "quantization"):
+        if engine.get(knob):
+            flags += [f"--{knob.replace('_', '-')}", str(engine[knob])]
     tandem_cli(["profile", "--serving", "--torch-threads", str(config.torch_threads), *flags], "tandem profile --serving")
 
 

@@ -85,3 +85,18 @@ def test_a_profile_is_described_with_its_serving_costs_measured_or_not():
     alone = dataclasses.replace(base, serving=dataclasses.replace(base.serving, alone_step_factor=0.97))
     assert "alone_step_factor" not in describe_profile(base)  # not measured: not said
     assert "alone_step_factor 0.97" in describe_profile(alone)
+
+
+def test_profile_measures_and_calibrates_the_worker_of_the_knobs_given(monkeypatch, capsys):
+    import planner.local_profile
+    from cluster import plan_cli
+
+    measured, calibrated = [], []
+    monkeypatch.setattr(planner.local_profile, "local_profile",
+                        lambda worker, refresh, on_progress: measured.append(worker) or hand_profile())  # fmt: skip
+    monkeypatch.setattr(plan_cli, "calibrated",
+                        lambda profile, model, limits, record_to: calibrated.append(limits) or profile)  # fmt: skip
+    main(["profile", "--quantization", "none", "--max-num-batched-tokens", "512", "--torch-threads", "2", "--serving"])
+    (worker,) = measured
+    assert worker.torch_threads == 2 and worker.limits.quantization == "none"
+    assert calibrated == [worker.limits] and worker.limits.max_num_batched_tokens == 512

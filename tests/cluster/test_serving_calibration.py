@@ -164,3 +164,14 @@ def test_a_calibration_the_machine_moved_under_is_measured_again_and_the_steadie
     record = calibration.steadiest(measure, said.append)
     assert len(calls) == measured == len(said) + 1 and calibration.CALIBRATIONS == 3
     assert record.idle_prefill_spread() == pytest.approx(kept)
+
+
+def test_every_deployment_of_a_calibration_serves_with_the_knobs_its_profile_was_measured_with():
+    from planner.layout import EngineLimits
+    from planner.local_profile import engine_spec
+
+    engine = engine_spec(EngineLimits(max_num_batched_tokens=512, quantization="none"))
+    assert "max_model_len" not in engine  # None: the spec's own default
+    for spec in (calibration.colocated_spec(None, 2, 1, engine), beside.beside_spec(None, 1, 2, engine)):
+        assert spec.engine.max_num_batched_tokens == 512 and spec.engine.quantization == "none"
+    assert calibration.colocated_spec(None, 1, 2, {}).engine.quantization == "auto"
