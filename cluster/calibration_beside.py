@@ -1,6 +1,6 @@
 """The serving calibration's `beside` phase: prompts prefilled on one worker while another on its host decodes.
 
-    rounds = beside_phase(beside_spec(model, threads, replicas, engine), vocab_size)   # its own deployment, then stopped
+    rounds = beside_phase(beside_spec(model, threads, replicas, engine), vocab_size)  # its own deployment, stopped
     serving = dataclasses.replace(serving, **prompt_contention(rounds),
                                   beside_prefill_factor=beside_prefill_factor(profile, rounds))
 

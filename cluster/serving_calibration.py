@@ -73,7 +73,7 @@ def calibrate(profile: Profile, model: str | None, replicas: int, on_progress: C
     """`profile` with the serving costs measured on `replicas` colocated workers of its kind (see the module doc),
     measured again when the machine moved under it (`steadiest`); what was measured is also written to
     `record_to` (a `CalibrationRecord`), when given. `engine`: the knobs the profile was measured with (the
-    spec's `engine` section, `LocalWorker.engine_spec`), which every deployment of the calibration serves
+    spec's `engine` section, `planner.local_profile.engine_spec`), which every deployment of the calibration serves
     with; None: the defaults."""
     record = steadiest(lambda: _measured(profile, model, replicas, on_progress, engine or {}), on_progress)
     if record_to is not None:
@@ -140,7 +140,8 @@ def colocated_spec(model: str | None, replicas: int, threads: int, engine: dict)
 
 
 def _colocated_phases(profile: Profile, model: str | None, replicas: int, on_progress: Callable[[str], None],
-                      engine: dict) -> tuple[list[Outcome], list[SimRequest], list[Outcome], tuple[float, float]]:  # fmt: skip
+                      engine: dict,
+                      ) -> tuple[list[Outcome], list[SimRequest], list[Outcome], tuple[float, float]]:  # fmt: skip
     """The idle and loaded phases on `replicas` colocated workers: (idle outcomes, the load, its outcomes, when
     the load ran: monotonic start and end)."""
     from cluster.deployment import Deployment

@@ -39,7 +39,7 @@ class StepShape:
             prefill_attention_pairs=sum(chunk_attention_pairs(new, context) for new, context, _ in prefills),
             prefill_context_tokens=sum(new + context for new, context, _ in prefills),
             longest_decode_context=max(decode_contexts, default=-1) + 1,
-            prefix_attention_pairs=sum(chunk_attention_pairs(new, context) for new, context, _ in prefills if context),
+            prefix_attention_pairs=prefix_attention_pairs((new, context) for new, context, _ in prefills),
         )
 
     @classmethod
@@ -49,9 +49,7 @@ class StepShape:
         kept (`"chunks"`: (new, context) each), else 0."""
         counts = {f.name: record[f.name] for f in fields(cls) if f.name in record}
         if "prefix_attention_pairs" not in counts:
-            chunks = record.get("chunks", ())
-            counts["prefix_attention_pairs"] = sum(chunk_attention_pairs(new, context) for new, context in chunks
-                                                   if context)  # fmt: skip
+            counts["prefix_attention_pairs"] = prefix_attention_pairs(record.get("chunks", ()))
         return cls(**counts)
 
     @classmethod
@@ -67,3 +65,8 @@ class StepShape:
 def chunk_attention_pairs(new: int, context: int) -> float:
     """Causal attention of `new` query tokens after `context` cached ones: query i sees context + i + 1 keys."""
     return new * (context + (new + 1) / 2)
+
+
+def prefix_attention_pairs(chunks: Iterable[tuple[int, int]]) -> float:
+    """The pairs of the chunks `(new, context)` that follow a cached prefix."""
+    return sum(chunk_attention_pairs(new, context) for new, context in chunks if context)

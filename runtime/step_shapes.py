@@ -43,13 +43,16 @@ class RecordingRunner:
     `last_shape` is theirs to take (and to set back to None)."""
 
     def __init__(self, inner):
-        self.inner, self.last_shape, self.last_prompt_tokens, self.last_chunks = inner, None, 0, ()
+        self.inner, self.last_shape, self.last_chunks = inner, None, ()
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
+    @property
+    def last_prompt_tokens(self) -> int:
+        return sum(new for new, _ in self.last_chunks)
+
     def prepare(self, scheduled):
         self.last_shape = shape_of(scheduled)
-        self.last_prompt_tokens = sum(s.num_new_tokens for s in scheduled if not s.is_decode)
         self.last_chunks = prefill_chunks(scheduled)
         return self.inner.prepare(scheduled)
