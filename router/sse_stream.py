@@ -27,10 +27,15 @@ from router.errors import APIError, internal_error
 from router.serving import RunningRequest
 
 _DONE = b"data: [DONE]\n\n"
+# Characters that JSON leaves raw but `str.splitlines` ends a line at: a client that splits an event stream
+# into lines that way (httpx's `iter_lines`) would cut an event holding one in two. Escaped, they are the
+# same JSON string to every reader.
+_LINE_BREAKS_JSON_KEEPS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def event(payload: dict) -> bytes:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+    text = json.dumps(payload, ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)
+    return f"data: {text}\n\n".encode()
 
 
 class SSEStream(Response):
