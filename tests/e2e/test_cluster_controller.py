@@ -122,15 +122,15 @@ def _key_as_ray_sees_it(actor) -> tuple:
 
 
 def test_a_killed_worker_is_restarted_and_serves_again(cluster):
-    """Prefill is a TP group: killing one rank (the follower, then rank 0) replaces the whole group.
-    Decode is killed twice: its second death comes soon after its restart, so the controller waits
-    out a backoff first."""
+    """Prefill is a TP group: killing its follower replaces the whole group (rank 0's death takes the path
+    decode's does). Decode is killed twice: its second death comes soon after its restart, so the controller
+    waits out a backoff first."""
     import ray
 
-    for role, deaths in (("prefill", 2), ("decode", 2)):
+    for role, deaths in (("prefill", 1), ("decode", 2)):
         for restarts in range(1, deaths + 1):
             (worker,) = cluster.controller.pool(role)
-            victim = worker.tp.followers[0] if role == "prefill" and restarts == 1 else worker.rank0
+            victim = worker.tp.followers[0] if role == "prefill" else worker.rank0
             ray.kill(victim, no_restart=True)
             wait_for(lambda: _restarted(cluster, worker.name, restarts), f"{worker.name} to come back", timeout_s=120)
             (new,) = cluster.controller.pool(role)
