@@ -103,8 +103,11 @@ class Controller:
         with self._scaling:
             self.spec = with_overrides(self.spec, overrides)  # SpecError (a ValueError) on a bad size
             self._remember_sizes()
+            self._add([(role, name) for role in ROLES for name in self._names_to_add(role)])
             for role in ROLES:
-                self._resize(role, self.spec.pool(role).replicas)
+                size, current = self.spec.pool(role).replicas, self.pool(role)
+                if len(current) > size:
+                    self._remove([w.name for w in current[size:]])  # the newest
 
     def members(self) -> tuple[ClusterSpec, list[PoolWorker]]:
         """The spec and workers as of now, without waiting for a scale in progress."""
@@ -114,16 +117,14 @@ class Controller:
     def pool(self, role: str) -> list[PoolWorker]:
         return [w for w in self.members()[1] if w.role == role]
 
-    def _resize(self, role: str, size: int) -> None:
-        current = self.pool(role)
-        if size > len(current):
-            self._add([f"{role}-{next(self._names[role])}" for _ in range(size - len(current))], role)
-        elif size < len(current):
-            self._remove([w.name for w in current[size:]])  # the newest
+    def _names_to_add(self, role: str) -> list[str]:
+        missing = self.spec.pool(role).replicas - len(self.pool(role))
+        return [f"{role}-{next(self._names[role])}" for _ in range(missing)]
 
-    def _add(self, names: list[str], role: str) -> None:
-        # Launch all first: the actors build their engines at the same time.
-        started = [self._launch(role, name, 0) for name in names]
+    def _add(self, launches: list[tuple[str, str]]) -> None:
+        """Start a worker per (role, name), every pool's at once: the actors import and build their engines at
+        the same time (a deployment's first start waited for the prefill pool before it launched decode's)."""
+        started = [self._launch(role, name, 0) for role, name in launches]
         try:
             for worker in started:
                 worker.wait_ready(self.spec.health.start_timeout_s, self._stop)

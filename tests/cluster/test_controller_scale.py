@@ -1,0 +1,25 @@
+"""A scale launches the new workers of every pool before it waits for any: their actors import and build their
+engines at the same time (the launcher is a fake, `tests.cluster.fakes`)."""
+
+from __future__ import annotations
+
+from cluster.controller import Controller
+from cluster.spec import parse_spec
+from tests.cluster.fakes import EchoRouter, FakeLauncher
+
+
+def test_both_pools_are_launched_before_the_first_worker_is_waited_for():
+    spec = parse_spec({"prefill": {"replicas": 1}, "decode": {"replicas": 2}})
+    router, launcher = EchoRouter(), FakeLauncher()
+    controller = Controller(spec, router, launcher)
+    launched_when_waited: list[list[str]] = []
+    launcher.building["prefill-0"] = lambda: launched_when_waited.append(launcher.names())
+    try:
+        controller.scale({"prefill": 1, "decode": 2})
+        assert launched_when_waited == [["prefill-0", "decode-0", "decode-1"]]  # prefill first: it claims cores first
+        assert sorted(controller.workers) == ["decode-0", "decode-1", "prefill-0"]
+        controller.scale({"prefill": 2, "decode": 1})  # up and down at once: the new one serves, the newest left
+        assert sorted(controller.workers) == ["decode-0", "prefill-0", "prefill-1"]
+    finally:
+        controller.shutdown()
+        router.close()
