@@ -124,8 +124,10 @@ class Controller:
     def _add(self, launches: list[tuple[str, str]]) -> None:
         """Start a worker per (role, name), every pool's at once: the actors import and build their engines at
         the same time (a deployment's first start waited for the prefill pool before it launched decode's)."""
-        started = [self._launch(role, name, 0) for role, name in launches]
-        try:
+        started: list[PoolWorker] = []
+        try:  # a launch that raises takes down those launched before it, of either pool
+            for role, name in launches:
+                started.append(self._launch(role, name, 0))
             for worker in started:
                 worker.wait_ready(self.spec.health.start_timeout_s, self._stop)
         except BaseException:

@@ -34,7 +34,9 @@ _LINE_BREAKS_JSON_KEEPS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028",
 
 
 def event(payload: dict) -> bytes:
-    text = json.dumps(payload, ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)
+    text = json.dumps(payload, ensure_ascii=False)
+    if not text.isascii():  # a flag on the string: most events skip the second pass over their text
+        text = text.translate(_LINE_BREAKS_JSON_KEEPS)
     return f"data: {text}\n\n".encode()
 
 

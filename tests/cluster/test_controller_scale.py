@@ -3,6 +3,8 @@ engines at the same time (the launcher is a fake, `tests.cluster.fakes`)."""
 
 from __future__ import annotations
 
+import pytest
+
 from cluster.controller import Controller
 from cluster.spec import parse_spec
 from tests.cluster.fakes import EchoRouter, FakeLauncher
@@ -20,6 +22,27 @@ def test_both_pools_are_launched_before_the_first_worker_is_waited_for():
         assert sorted(controller.workers) == ["decode-0", "decode-1", "prefill-0"]
         controller.scale({"prefill": 2, "decode": 1})  # up and down at once: the new one serves, the newest left
         assert sorted(controller.workers) == ["decode-0", "prefill-0", "prefill-1"]
+    finally:
+        controller.shutdown()
+        router.close()
+
+
+def test_a_launch_that_raises_takes_down_the_workers_launched_before_it_of_either_pool():
+    spec = parse_spec({"prefill": {"replicas": 1}, "decode": {"replicas": 1}})
+    router, launcher = EchoRouter(), FakeLauncher()
+
+    def launch(spec, role, name, restarts=0, core_sets=()):
+        if name == "decode-0":
+            raise RuntimeError("no room for decode-0")
+        return launcher(spec, role, name, restarts, core_sets)
+
+    controller = Controller(spec, router, launch)
+    try:
+        with pytest.raises(RuntimeError, match="no room"):
+            controller.scale({"prefill": 1, "decode": 1})
+        (prefill,) = launcher.launched
+        assert prefill.name == "prefill-0" and prefill.killed  # not left running, unregistered
+        assert not controller.workers
     finally:
         controller.shutdown()
         router.close()
