@@ -3,6 +3,7 @@ admission nor a worker once their sequences are done, and one that falls too far
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import socket
@@ -109,7 +110,11 @@ def test_a_stream_that_falls_too_far_behind_is_cut_off_and_its_sequences_aborted
         reply += conn.recv(1 << 16)
     events = _events(reply)
     assert events[-1] == "[DONE]"
-    assert json.loads(events[-2])["error"]["code"] == "stream_backlog_exceeded"
+    last = json.loads(events[-2])  # seen once in a loaded full run: an ordinary chunk here (why is not known yet)
+    reasons = collections.Counter(c["finish_reason"] for e in events if e.startswith("{")
+                                  for c in json.loads(e).get("choices", ()))  # fmt: skip
+    assert "error" in last, f"not cut: {len(reply)} bytes read, finish reasons {dict(reasons)}, last {events[-2][:300]}"
+    assert last["error"]["code"] == "stream_backlog_exceeded"
     assert _finished(events) < 128  # cut before its sequences ended
     conn.close()
     # A client that reads keeps the whole stream, events bigger than the stalled one's backlog included.
