@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from engine.layers.cold_weights import copies_past_cache, form_bytes
 from engine.layers.kernel_timing import METHOD, Timer, fastest, sample_time
 
 logger = logging.getLogger("tandem.engine")
@@ -65,18 +67,35 @@ def band_of(rows: int) -> int:
 
 
 def choose(candidates: Sequence[Candidate], shapes: Sequence[tuple[int, int]], dtype: torch.dtype,
-           prepare: dict[str, Callable[[Tensor], object]], timer: Timer = sample_time) -> tuple[str, ...]:
-    """The fastest candidate's name per band, summed over `shapes` ([out, in] each); `prepare[form]` makes a form."""
-    weights = [torch.randn(out, inp, dtype=torch.float32).to(dtype) for out, inp in shapes]
-    forms = {form: [prepare[form](w) for w in weights] for form in {c.form for c in candidates}}
+           prepare: dict[str, Callable[[Tensor], object]], timer: Timer = sample_time,
+           cache_bytes: int | None = None) -> tuple[str, ...]:  # fmt: skip
+    """The fastest candidate's name per band on a layer of `shapes` ([out, in] each) whose weights are read
+    from memory, as a decode step reads them (`cold_weights`: copies past twice `cache_bytes`, by default the
+    last-level cache's); `prepare[form]` makes a form."""
+
+    def layer(form: str) -> list:
+        return [prepare[form](torch.randn(out, inp, dtype=torch.float32).to(dtype)) for out, inp in shapes]
+
+    copies = {form: copies_past_cache(lambda form=form: layer(form), lambda ws: sum(map(form_bytes, ws)), cache_bytes)
+              for form in {c.form for c in candidates}}  # fmt: skip
     choice = []
     for first, last, rows in BANDS:
         xs = [torch.randn(rows, inp, dtype=torch.float32).to(dtype) for _, inp in shapes]
         able = [c for c in candidates if c.max_rows >= last]  # it must take every row count of the band
-        runs = {c.name: [lambda c=c, i=i: c.run(xs[i], forms[c.form][i], None) for i in range(len(shapes))]
-                for c in able}  # fmt: skip
-        choice.append(fastest(runs, timer))
+        # (no shapes: nothing to time, every candidate's sum is 0 and the first one stays)
+        choice.append(fastest({c.name: [_layer_call(c, xs, copies[c.form])] if shapes else [] for c in able}, timer))
     return tuple(choice)
+
+
+def _layer_call(candidate: Candidate, xs: Sequence[Tensor], copies: Sequence[list]) -> Callable[[], list]:
+    """One call: the layer's linears, each x on its weight, in the next copy of the layer (their outputs)."""
+    turn = itertools.count()
+
+    def call() -> list:
+        weights = copies[next(turn) % len(copies)]
+        return [candidate.run(x, w, None) for x, w in zip(xs, weights)]
+
+    return call
 
 
 def cached_choice(key_parts: Sequence[str], compute: Callable[[], tuple[str, ...]], what: str = "linear kernels",

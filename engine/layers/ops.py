@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_features import cpu_features
-from engine.layers import elementwise_choice
+from engine.layers import cold_weights, elementwise_choice
 from engine.layers.elementwise_choice import OpShapes
 from engine.layers.linear_choice import Candidate, band_of, cached_choice, choose, describe
 from engine.layers.quantized_choice import BlockForms, chosen_quantized_linear
@@ -158,7 +158,7 @@ def chosen_linear(kernels, dtype: torch.dtype, shapes: Sequence[tuple[int, int]]
     shapes (or `choice`, a candidate name per band, as given: tests)."""
     candidates = {c.name: c for c in linear_candidates(kernels, dtype)}
     makers = dense_makers(kernels)
-    key = [*machine_key(kernels, dtype), " ".join(sorted(candidates)), repr(sorted(set(shapes)))]
+    key = [*machine_key(kernels, dtype), " ".join(sorted(candidates)), repr(sorted(set(shapes))), cold_weights.KEY]
     if choice is None:
         choice = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(shapes)), dtype, makers))
     by_band = [candidates[name] for name in choice]

@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from engine.layers import cold_weights
 from engine.layers.linear_choice import Candidate, band_of, cached_choice, choose, describe
 from engine.quantized_weight import QuantizedWeight, quantize
 
@@ -69,7 +70,8 @@ def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Se
     for qtype, type_shapes in sorted(shapes.items()):
         names = (choice or {}).get(qtype)
         if names is None:
-            key = [*machine, f"quantized {qtype}", " ".join(sorted(candidates)), repr(sorted(set(type_shapes)))]
+            key = [*machine, f"quantized {qtype}", " ".join(sorted(candidates)), repr(sorted(set(type_shapes))),
+                   cold_weights.KEY]  # fmt: skip
             prepare_timed = {**makers, "quantized": lambda w, qtype=qtype: quantize(w, qtype).for_kernels()}
             names = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(type_shapes)), dtype,
                                                       prepare_timed), f"{qtype} linear kernels")  # fmt: skip
