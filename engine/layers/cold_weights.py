@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -30,16 +31,16 @@ KEY = "weights: cycled past twice the last-level cache"
 
 
 def last_level_cache_bytes(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
-    """The size of this CPU's largest cache level (sysfs), or FALLBACK_CACHE_BYTES."""
+    """The size of this CPU's largest cache level (sysfs: "32768K"), or FALLBACK_CACHE_BYTES."""
     sizes = {}
     for index in cpu_dir.glob("index*"):
         try:
             level, size = int((index / "level").read_text()), (index / "size").read_text().strip()
         except (OSError, ValueError):
             continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
-        sizes[level] = int(size.rstrip("KMG")) * scale if size.rstrip("KMG").isdigit() else 0
-    return max(sizes[max(sizes)], 1) if sizes else FALLBACK_CACHE_BYTES
+        if match := re.fullmatch(r"(\d+)([KMG]?)", size):
+            sizes[level] = int(match[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[match[2]]
+    return sizes[max(sizes)] if sizes else FALLBACK_CACHE_BYTES
 
 
 def form_bytes(form: object) -> int:

@@ -22,6 +22,8 @@ def test_the_last_level_cache_is_the_largest_level_sysfs_names(tmp_path):
     for index, (level, size) in enumerate([(1, "48K"), (1, "32K"), (2, "1024K"), (3, "32768K")]):
         _cache_level(tmp_path, index, level, size)
     assert last_level_cache_bytes(tmp_path) == 32 << 20
+    _cache_level(tmp_path, 4, 4, "2M")
+    assert last_level_cache_bytes(tmp_path) == 2 << 20  # the largest level, not the largest size
     assert last_level_cache_bytes(tmp_path / "absent") == FALLBACK_CACHE_BYTES
 
 
