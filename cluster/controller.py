@@ -133,6 +133,8 @@ class Controller:
         except BaseException:
             for worker in started:
                 worker.kill()
+            for _, name in launches:  # claimed at each launch, the one that raised too: free for the next
+                self._release_cores(name)
             raise
         for worker in started:
             self.router.register(worker)
@@ -151,8 +153,7 @@ class Controller:
             with self._lock:  # by name: a restart may have replaced the worker meanwhile (it then kills its own)
                 worker = self.workers.pop(name, None)
             self.router.unregister(name)
-            if self.cores is not None:
-                self.cores.release(name)
+            self._release_cores(name)
             if worker is not None:
                 clean = worker.stop(self.spec.health.timeout_s)
                 self._log(f"{name} removed ({'drained' if clean else 'stopped before its blocks were free'})")
@@ -160,6 +161,10 @@ class Controller:
     def _launch(self, role: str, name: str, restarts: int) -> PoolWorker:
         """A worker of `role` named `name`, on its own cores when the machine's map has room for it."""
         return self.launcher(self.spec, role, name, restarts, core_sets=self._claim_cores(role, name))
+
+    def _release_cores(self, name: str) -> None:
+        if self.cores is not None:
+            self.cores.release(name)
 
     def _claim_cores(self, role: str, name: str) -> tuple[tuple[int, ...], ...]:
         if self.cores is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.controller import Controller
+from cluster.core_map import CoreMap
 from cluster.spec import parse_spec
 from tests.cluster.fakes import EchoRouter, FakeLauncher
 
@@ -28,7 +29,7 @@ def test_both_pools_are_launched_before_the_first_worker_is_waited_for():
 
 
 def test_a_launch_that_raises_takes_down_the_workers_launched_before_it_of_either_pool():
-    spec = parse_spec({"prefill": {"replicas": 1}, "decode": {"replicas": 1}})
+    spec = parse_spec({"prefill": {"replicas": 1, "torch_threads": 1}, "decode": {"replicas": 1, "torch_threads": 1}})
     router, launcher = EchoRouter(), FakeLauncher()
 
     def launch(spec, role, name, restarts=0, core_sets=()):
@@ -36,13 +37,16 @@ def test_a_launch_that_raises_takes_down_the_workers_launched_before_it_of_eithe
             raise RuntimeError("no room for decode-0")
         return launcher(spec, role, name, restarts, core_sets)
 
-    controller = Controller(spec, router, launch)
+    cores = CoreMap((0, 1))
+    controller = Controller(spec, router, launch, cores=cores)
     try:
         with pytest.raises(RuntimeError, match="no room"):
             controller.scale({"prefill": 1, "decode": 1})
         (prefill,) = launcher.launched
         assert prefill.name == "prefill-0" and prefill.killed  # not left running, unregistered
         assert not controller.workers
+        assert launcher.core_sets["prefill-0"] == [((0,),)]  # it had claimed a core, as decode-0 had before it raised
+        assert not cores.held  # both given back: the next launch finds them free
     finally:
         controller.shutdown()
         router.close()
