@@ -2,7 +2,7 @@
 its profiled price, so that serving's costs are measured where they arise instead of solved from a TPOT.
 
     steps = loaded_steps(trace_folder, start, end)       # worker -> its steps inside the load's window
-    per_round_s = round_gap(steps)                       # the loop's own time between two steps
+    per_round_s = round_gap(steps)                       # the loop's own time between two steps, on average
     factors = step_factors(profile, steps)               # served / profiled: decode rows, prompt tokens,
                                                          # and a time per sampled row
 
@@ -58,11 +58,11 @@ def shape(step: dict) -> StepShape:
 
 
 def round_gap(steps: dict[str, list[dict]]) -> float | None:
-    """The median time between one step's end and the next one's start on the same worker, counting only the
+    """The mean time between one step's end and the next one's start on the same worker, counting only the
     loop's rounds while it had work (`MAX_ROUND_GAP_S`); None without two steps in a row."""
     gaps = [b["t"] - (a["t"] + a["s"]) for lines in steps.values() for a, b in zip(lines, lines[1:])]
     gaps = [g for g in gaps if 0 <= g <= MAX_ROUND_GAP_S]
-    return statistics.median(gaps) if gaps else None
+    return statistics.mean(gaps) if gaps else None
 
 
 def overlap(step: dict, others: list[list[dict]]) -> float:
