@@ -45,10 +45,15 @@ def _stalled_stream(port: int, body: dict) -> socket.socket:
     return conn
 
 
+def _finish_reasons(events: list[str]) -> collections.Counter:
+    """How many choices each finish reason (None: a chunk of an unfinished choice) has in these `data:` payloads."""
+    payloads = [json.loads(e) for e in events if e.startswith("{")]
+    return collections.Counter(c["finish_reason"] for p in payloads for c in p.get("choices", ()))
+
+
 def _finished(events: list[str]) -> int:
     """Choices ended by their length in these `data:` payloads."""
-    payloads = [json.loads(e) for e in events if e.startswith("{")]
-    return sum(c["finish_reason"] == "length" for p in payloads for c in p.get("choices", ()))
+    return _finish_reasons(events)["length"]
 
 
 def _events(reply: bytes) -> list[str]:
@@ -111,9 +116,8 @@ def test_a_stream_that_falls_too_far_behind_is_cut_off_and_its_sequences_aborted
     events = _events(reply)
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])  # seen once in a loaded full run: an ordinary chunk here (why is not known yet)
-    reasons = collections.Counter(c["finish_reason"] for e in events if e.startswith("{")
-                                  for c in json.loads(e).get("choices", ()))  # fmt: skip
-    assert "error" in last, f"not cut: {len(reply)} bytes read, finish reasons {dict(reasons)}, last {events[-2][:300]}"
+    reasons = dict(_finish_reasons(events))
+    assert "error" in last, f"not cut: {len(reply)} bytes read, finish reasons {reasons}, last {events[-2][:300]}"
     assert last["error"]["code"] == "stream_backlog_exceeded"
     assert _finished(events) < 128  # cut before its sequences ended
     conn.close()
