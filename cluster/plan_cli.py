@@ -191,7 +191,10 @@ def published(device: str, model: str | None, tp_size: int, price: float | None)
 def describe_profile(profile) -> str:
     lines = [f"profile: {profile.label}", f"model: {profile.model.name}, {profile.dtype}",
              "step cost terms:"]  # fmt: skip
-    lines += [f"  {name:30s} {value:.4g}" for name, value in profile.step.to_dict().items()]
+    lines += [f"  {name:30s} {value:.4g}" for name, value in profile.step.to_dict().items() if name != "kernel_bands"]
+    if profile.step.kernel_bands:
+        lines.append(f"  {'kernel_bands':30s} " + ", ".join(f"from {first} tokens {seconds * 1e3:.3g} ms"
+                                                            for first, seconds in profile.step.kernel_bands))
     lines.append(f"KV transfer: {profile.transfer.latency_s * 1e3:.2f} ms + {profile.transfer.bytes_per_s / 1e9:.2f} GB/s")
     lines.append(f"KV capacity per worker: {profile.kv_cache_tokens} tokens ({profile.kv_bytes_per_token} B/token)")
     lines.append("serving: " + ", ".join(f"{k} {v:.4g}" for k, v in profile.serving.to_dict().items() if v is not None))

@@ -16,6 +16,16 @@
                                                                       (keys read from the cache, under a mask)
             + per_prefill_context_token_s * prefill_context_tokens   prefill attention: KV read (a short
                                                                       chunk after a long cached context)
+            + kernel_band_s(tokens)                       the linear layers' kernel for the step's token count:
+                                                          a CPU engine times its candidates per band of row
+                                                          counts and keeps the fastest per band
+                                                          (`engine.layers.linear_choice.BANDS`), so the linear
+                                                          layers' time steps where the kernel changes
+
+The kernel bands are a table, (the band's first token count, the seconds it adds) each, the cheapest band
+at 0: on 2 cores of an AMD EPYC (bfloat16, 2026-11-28) the default model's linears ran on its GGUF blocks for
+1-4 rows and on oneDNN's bfloat16 GEMM (three times the bytes) from 5, and a smooth line through the profile's
+steps priced 4-row decode steps 7% over their time, 8-row ones 10% under, and served 5-row steps at 1.4x.
 
 The same form is fitted from measured steps (`planner.profiler`) and derived from a device's published
 figures (`costmodel.devices`). It is a leaf: no torch, nothing of Tandem's, so the router can price a
@@ -25,6 +35,7 @@ step per request.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Callable
 
 from costmodel.step_shape import StepShape
 
@@ -49,12 +60,28 @@ class StepCost:
     per_prefill_context_token_s: float = 0.0
     per_prefix_attention_pair_s: float = 0.0
     per_small_step_token_s: float = 0.0
+    kernel_bands: tuple[tuple[int, float], ...] = ()  # (first token count of a band, seconds it adds), ascending
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if not value >= 0:  # also refuses NaN
+            if f.name != "kernel_bands" and not value >= 0:  # also refuses NaN
                 raise ValueError(f"step cost term {f.name} must be >= 0 seconds, got {value}")
+        firsts = [first for first, _ in self.kernel_bands]
+        if firsts != sorted(set(firsts)) or any(first < 1 for first in firsts):
+            raise ValueError(f"kernel bands must start at ascending token counts >= 1, got {firsts}")
+        if any(not seconds >= 0 for _, seconds in self.kernel_bands):
+            raise ValueError(f"a kernel band's seconds must be >= 0, got {list(self.kernel_bands)}")
+
+    def kernel_band_s(self, tokens: int) -> float:
+        """The seconds the kernel band of a step of `tokens` tokens adds: the last band starting at or below it
+        (0 below the first band, or with no bands: a published profile's one kernel)."""
+        added = 0.0
+        for first, seconds in self.kernel_bands:
+            if first > tokens:
+                break
+            added = seconds
+        return added
 
     def seconds(self, shape: StepShape) -> float:
         """The predicted duration of a step of this shape; 0 for an empty step."""
@@ -68,6 +95,7 @@ class StepCost:
             "fixed": self.fixed_s,
             "linear": max(self.weights_s, self.per_token_s * shape.tokens
                           + self.per_small_step_token_s * min(shape.tokens, SMALL_STEP_TOKENS)),
+            "kernel_band": self.kernel_band_s(shape.tokens),
             "tp_comm": self.per_token_comm_s * shape.tokens,
             "sampled_rows": self.per_sampled_row_s * shape.sampled_rows,
             "sequences": self.per_sequence_s * shape.sequences,
@@ -78,7 +106,13 @@ class StepCost:
             + self.per_prefill_context_token_s * shape.prefill_context_tokens,
         }
 
-    def to_dict(self) -> dict[str, float]:
+    def scaled(self, by: Callable[[str], float]) -> "StepCost":
+        """Every term times `by(its name)` (the kernel bands' seconds by "kernel_bands")."""
+        terms = {f.name: getattr(self, f.name) * by(f.name) for f in fields(self) if f.name != "kernel_bands"}
+        bands = tuple((first, seconds * by("kernel_bands")) for first, seconds in self.kernel_bands)
+        return StepCost(**terms, kernel_bands=bands)
+
+    def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
@@ -87,4 +121,5 @@ class StepCost:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown step cost term(s): {', '.join(sorted(unknown))}")
-        return cls(**{k: float(v) for k, v in data.items()})
+        bands = tuple((int(first), float(seconds)) for first, seconds in data.get("kernel_bands", ()))
+        return cls(**{k: float(v) for k, v in data.items() if k != "kernel_bands"}, kernel_bands=bands)

@@ -4,6 +4,11 @@ Relative errors are minimised (a 20 ms decode step matters as much as a 2 s pref
 loss so that the few steps a shared machine slowed down do not pull the terms; every term is >= 0.
 `per_token_comm_s` is not fitted: a measured profile at tensor parallel size n carries its all-reduces
 in the other terms.
+
+With the engine's kernel bands (`band_firsts`, `engine.layers.linear_choice.BANDS`' first row counts), each
+band some step fell in gets a term of its own, the seconds its kernels add to a step; a band no step fell in
+is priced as the band below it. The bands and `fixed_s` overlap (every step is in one band), so the cheapest
+band is set to 0 and its seconds go to `fixed_s`.
 """
 
 from __future__ import annotations
@@ -29,24 +34,58 @@ class StepSample:
     chunks: tuple[tuple[int, int], ...] = ()  # its prefill chunks, (new, context) each (`runtime.step_shapes`)
 
 
-def fit_step_cost(samples: Sequence[StepSample]) -> tuple[StepCost, FitReport]:
-    if len(samples) < len(FITTED):
-        raise ValueError(f"a fit of {len(FITTED)} terms needs at least as many measured steps, got {len(samples)}")
-    x = _features(samples)
+def fit_step_cost(samples: Sequence[StepSample], band_firsts: Sequence[int] = ()) -> tuple[StepCost, FitReport]:
+    """The terms that best reproduce `samples`, with a term per kernel band of `band_firsts` (ascending first
+    token counts; empty: none) that a sample fell in."""
+    bands = sampled_bands(band_firsts, [s.shape.tokens for s in samples])
+    if len(samples) < len(FITTED) + len(bands):
+        raise ValueError(f"a fit of {len(FITTED) + len(bands)} terms needs at least as many measured steps, "
+                         f"got {len(samples)}")  # fmt: skip
+    x = np.column_stack([_features(samples), _band_indicators(bands, samples)])
     t = np.array([s.seconds for s in samples])
-    guess = _first_guess(x, t)
 
-    def solve(start: np.ndarray, loss: str) -> np.ndarray:
-        return least_squares(lambda p: (_predict(p, x) - t) / t, start, bounds=(0, np.inf),
+    def solve(start: np.ndarray, loss: str, columns: int = x.shape[1]) -> np.ndarray:
+        used = x[:, :columns]
+        return least_squares(lambda p: (_predict(p, used) - t) / t, start, bounds=(0, np.inf),
                              x_scale=np.maximum(start, 1e-9), loss=loss, f_scale=0.05).x  # fmt: skip
 
     # Plain least squares first, from the additive guess, then the robust loss from there: started far from
-    # the answer, a robust loss can take the largest steps for outliers and settle on the small ones.
-    plain = solve(guess, "linear")
-    candidates = [plain, solve(plain, "soft_l1")]
+    # the answer, a robust loss can take the largest steps for outliers and settle on the small ones. The
+    # linear layers' max() has local minima the band terms deepen: the fit without bands is a start too.
+    starts = [_first_guess(x, t)]
+    if bands:
+        smooth = solve(_first_guess(x[:, :FEATURES], t), "linear", FEATURES)
+        starts.append(np.concatenate([smooth, np.full(len(bands), 1e-6)]))
+    candidates = []
+    for start in starts:
+        plain = solve(start, "linear")
+        candidates += [plain, solve(plain, "soft_l1")]
     best = min(candidates, key=lambda p: float(np.median(np.abs(_predict(p, x) - t) / t)))
-    cost = StepCost(**dict(zip(FITTED, (float(v) for v in best))))
+    terms = dict(zip(FITTED, (float(v) for v in best)))
+    offsets = [float(v) for v in best[len(FITTED):]]
+    if offsets:  # the cheapest band at 0, its seconds in the fixed term (the two overlap)
+        terms["fixed_s"] += min(offsets)
+        terms["kernel_bands"] = tuple((first, v - min(offsets)) for first, v in zip(bands, offsets))
+    cost = StepCost(**terms)
     return cost, report(cost, samples)
+
+
+def sampled_bands(band_firsts: Sequence[int], tokens: Sequence[int]) -> tuple[int, ...]:
+    """The firsts of the bands some step of `tokens` tokens fell in; the lowest of them starts at the first
+    band's first, so that a band below every sampled one is priced as the lowest sampled."""
+    ends = [*band_firsts[1:], float("inf")]
+    kept = [first for first, end in zip(band_firsts, ends) if any(first <= n < end for n in tokens)]
+    return tuple(band_firsts[:1]) + tuple(kept[1:]) if kept else ()
+
+
+def _band_indicators(bands: Sequence[int], samples: Sequence[StepSample]) -> np.ndarray:
+    """[n, len(bands)]: 1 where a sample falls in the band (the last band starting at or below its tokens)."""
+    out = np.zeros((len(samples), len(bands)))
+    for i, s in enumerate(samples):
+        below = [j for j, first in enumerate(bands) if first <= s.shape.tokens]
+        if below:
+            out[i, below[-1]] = 1.0
+    return out
 
 
 def report(cost: StepCost, samples: Sequence[StepSample], worst: int = 5) -> FitReport:
@@ -68,6 +107,9 @@ def describe(shape: StepShape) -> str:
             f"{shape.decode_context_tokens} decode ctx, {shape.prefill_attention_pairs:.0f} pairs")  # fmt: skip
 
 
+FEATURES = 9  # the columns of `_features`, before the band indicators
+
+
 def _features(samples: Sequence[StepSample]) -> np.ndarray:
     """[n, 9]: tokens, sampled rows, sequences, decode context tokens, prefill attention pairs, prefill context,
     longest decode context, prefix attention pairs, small-step tokens."""
@@ -78,12 +120,14 @@ def _features(samples: Sequence[StepSample]) -> np.ndarray:
 
 
 def _predict(p: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """`StepCost.seconds` over the rows of `_features`, the terms in `FITTED`'s order."""
+    """`StepCost.seconds` over the rows of `_features` and the band indicators after them, the terms in
+    `FITTED`'s order and then each band's."""
     (fixed, weights, per_token, per_row, per_seq, per_ctx, per_pair, per_prefill_ctx, per_longest, per_prefix_pair,
-     per_small) = p
+     per_small) = p[:len(FITTED)]
     linear = np.maximum(weights, per_token * x[:, 0] + per_small * x[:, 8])
     return (fixed + linear + per_row * x[:, 1] + per_seq * x[:, 2] + per_ctx * x[:, 3] + per_pair * x[:, 4]
-            + per_prefill_ctx * x[:, 5] + per_longest * x[:, 6] + per_prefix_pair * x[:, 7])  # fmt: skip
+            + per_prefill_ctx * x[:, 5] + per_longest * x[:, 6] + per_prefix_pair * x[:, 7]
+            + x[:, 9:] @ p[len(FITTED):])  # fmt: skip
 
 
 def _first_guess(x: np.ndarray, t: np.ndarray) -> np.ndarray:

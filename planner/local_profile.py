@@ -29,7 +29,7 @@ from planner.layout import EngineLimits
 from planner.profiler import ProfileGrid
 
 logger = logging.getLogger("tandem.planner")
-METHOD = "grid-v6"  # how steps are timed and fitted: part of the key
+METHOD = "grid-v7"  # how steps are timed and fitted: part of the key
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = 
 
     from engine.llm_engine import LLMEngine
     from planner.fit import fit_step_cost
-    from planner.profiler import profile_steps
+    from planner.profiler import KERNEL_BAND_FIRSTS, profile_steps
 
     torch.set_num_threads(worker.torch_threads)
     on_progress(f"starting the engine ({worker.torch_threads} thread(s))")
@@ -147,7 +147,7 @@ def measure_profile(worker: LocalWorker, model_dir: str, key: tuple[str, ...] = 
         engine.shutdown()
         del engine
         gc.collect()
-    step, fit = fit_step_cost(samples)
+    step, fit = fit_step_cost(samples, KERNEL_BAND_FIRSTS)
     dtype = str(config.dtype).removeprefix("torch.")
     if transfer is None:
         on_progress("timing a KV transfer between two processes")

@@ -6,7 +6,9 @@ pays it. The grid covers what serving mixes:
 
   - prefill chunks of each length in `prefill_lengths`, from an empty cache;
   - chunks of `cached_news` tokens after `cached_contexts` tokens served by the prefix cache;
-  - decode batches of `decode_rows` rows at each context of `decode_contexts`, `decode_steps` steps each;
+  - decode batches of `decode_rows` rows at each context of `decode_contexts`, `decode_steps` steps each,
+    the rows on both sides of every edge of the engine's kernel bands up to 65 (`KERNEL_BAND_FIRSTS`: the
+    linear layers' kernel can change there, and the fit prices each band apart);
     every row has a context of its own, as in serving (rows sharing a cached prefix read the same blocks,
     which the CPU's caches then serve: their steps ran up to a third faster than distinct rows'), so a
     batch is only built where its prompts total at most `max_decode_batch_tokens`;
@@ -31,10 +33,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Sequence
 
+from engine.layers.linear_choice import BANDS
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from planner.fit import StepSample
 from runtime.step_shapes import RecordingRunner
+
+KERNEL_BAND_FIRSTS = tuple(first for first, _, _ in BANDS)  # the fit's bands (`planner.fit`)
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class ProfileGrid:
     prefill_reps: int = 3
     cached_contexts: tuple[int, ...] = (512, 1536)
     cached_news: tuple[int, ...] = (32, 256)
-    decode_rows: tuple[int, ...] = (1, 4, 8, 16, 32, 64, 128)
+    decode_rows: tuple[int, ...] = (1, 2, 4, 5, 8, 16, 17, 32, 64, 65, 128)
     decode_contexts: tuple[int, ...] = (64, 640, 1664)
     decode_steps: int = 16
     max_decode_batch_tokens: int = 40_000

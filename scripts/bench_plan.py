@@ -318,7 +318,7 @@ def predict_pass(folder: Path, manifest: dict, rows: list[dict], cached_profiles
 
 # The step cost terms a memory-bound (decode-like) piece of work paces, and the compute-bound (prefill-like) ones.
 DECODE_TERMS = ("fixed_s", "weights_s", "per_sampled_row_s", "per_sequence_s", "per_decode_context_token_s",
-                "per_longest_decode_context_s")  # fmt: skip
+                "per_longest_decode_context_s", "kernel_bands")  # fmt: skip
 PREFILL_TERMS = ("per_token_s", "per_token_comm_s", "per_attention_pair_s", "per_prefill_context_token_s",
                  "per_prefix_attention_pair_s", "per_small_step_token_s")
 
@@ -329,15 +329,13 @@ def paced_profile(path: Path, attempt: dict, reference: Pace, out: Path) -> Path
     value just after the calibration; written to `out`. What is left of the error is the model's."""
     import dataclasses
 
-    from costmodel import StepCost
-
     before, after = Pace(**attempt["before"]), Pace(**attempt["after"])
     decode = (before.decode_ms + after.decode_ms) / 2 / reference.decode_ms
     prefill = (before.prefill_ms + after.prefill_ms) / 2 / reference.prefill_ms
     profile = Profile.load(path)
     pace = {**dict.fromkeys(DECODE_TERMS, decode), **dict.fromkeys(PREFILL_TERMS, prefill)}
-    terms = {k: v * pace[k] for k, v in profile.step.to_dict().items()}  # a new term: a KeyError until placed here
-    dataclasses.replace(profile, step=StepCost(**terms)).save(out)
+    step = profile.step.scaled(pace.__getitem__)  # a new term: a KeyError until placed here
+    dataclasses.replace(profile, step=step).save(out)
     return out
 
 
@@ -352,12 +350,13 @@ def refitted(path: Path) -> Path:
     from costmodel import ServingCost
     from planner.fit import fit_step_cost
     from planner.local_profile import load_samples
+    from planner.profiler import KERNEL_BAND_FIRSTS
 
     samples, record = evidence_path(path, "samples"), evidence_path(path, "calibration")  # as `profile -o` kept them
     missing = [p.name for p in (samples, record) if not p.is_file()]
     if missing:
         raise SystemExit(f"--refit: {', '.join(missing)} not kept beside {path} (a pass measured before they were)")
-    step, fit = fit_step_cost(load_samples(samples))
+    step, fit = fit_step_cost(load_samples(samples), KERNEL_BAND_FIRSTS)
     profile = dataclasses.replace(Profile.load(path), step=step, fit=fit, serving=ServingCost())
     out = path.with_name(f"refit-{path.name}")
     fitted(profile, CalibrationRecord.load(record)).save(out)

@@ -58,8 +58,10 @@ def compare(measured, published, samples) -> None:
     for kind, (steps, error) in derived.items():
         figure(f"{kind} steps ({steps})", f"measured fit {fitted[kind][1]:.0%}, published {error:.0%} median error")
     ours, theirs = measured.step.to_dict(), published.step.to_dict()
+    figure("measured kernel bands", ", ".join(f"from {first} tokens {seconds * 1e3:.3g} ms"
+                                              for first, seconds in measured.step.kernel_bands) or "none")
     for term, value in ours.items():
-        if value or theirs[term]:
+        if term != "kernel_bands" and (value or theirs[term]):
             figure(f"term {term}", f"measured {value:.3g} s, published {theirs[term]:.3g} s")
     for shape, seconds, predicted in rep.worst:
         figure(f"published, worst: {shape}", f"measured {seconds * 1e3:.2f} ms, published {predicted * 1e3:.2f} ms")

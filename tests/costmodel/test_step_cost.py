@@ -54,11 +54,26 @@ def test_the_linear_layers_cost_whichever_binds():
     assert cost.seconds(StepShape.of()) == 0.0
 
 
+def test_a_step_pays_the_kernel_band_its_token_count_falls_in():
+    cost = StepCost(fixed_s=0.005, per_token_s=0.001, kernel_bands=((1, 0.0), (5, 0.004), (17, 0.002)))
+    assert [cost.terms(StepShape.decode(rows, 10))["kernel_band"] for rows in (1, 4, 5, 16, 17, 64)] == \
+        [0.0, 0.0, 0.004, 0.004, 0.002, 0.002]
+    assert cost.seconds(StepShape.decode(5, 10)) == pytest.approx(0.005 + 0.005 + 0.004)
+    assert cost.seconds(StepShape.prefill(300)) == pytest.approx(0.005 + 0.3 + 0.002)  # a prompt's tokens too
+    assert StepCost.from_dict(cost.to_dict()) == cost  # JSON's lists back to the table
+    halved = cost.scaled(lambda term: 0.5 if term == "kernel_bands" else 1.0)
+    assert halved.kernel_bands == ((1, 0.0), (5, 0.002), (17, 0.001)) and halved.fixed_s == cost.fixed_s
+
+
 def test_bad_terms_are_refused_by_name():
     with pytest.raises(ValueError, match="per_token_s"):
         StepCost(per_token_s=-1.0)
     with pytest.raises(ValueError, match="unknown step cost term"):
         StepCost.from_dict({"per_widget_s": 1.0})
+    with pytest.raises(ValueError, match="ascending"):
+        StepCost(kernel_bands=((5, 0.0), (1, 0.0)))
+    with pytest.raises(ValueError, match="kernel band"):
+        StepCost(kernel_bands=((1, -0.001),))
 
 
 def test_a_profile_survives_json(tmp_path):

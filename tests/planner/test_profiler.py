@@ -9,7 +9,7 @@ from engine import EngineArgs, LLMEngine
 from planner.fit import fit_step_cost
 from planner.layout import EngineLimits
 from planner.local_profile import LocalWorker, load_samples, local_profile
-from planner.profiler import ProfileGrid, profile_steps
+from planner.profiler import KERNEL_BAND_FIRSTS, ProfileGrid, profile_steps
 
 
 def test_the_grid_times_each_kind_of_step(tiny_model_dirs):
@@ -31,6 +31,13 @@ def test_the_grid_times_each_kind_of_step(tiny_model_dirs):
     assert report.points == len(samples) and cost.seconds(shapes[0]) > 0
 
 
+def test_the_default_grid_steps_both_sides_of_each_kernel_band_edge_it_reaches():
+    rows = set(ProfileGrid().decode_rows)
+    for first in KERNEL_BAND_FIRSTS[1:]:
+        if first <= max(rows):
+            assert {first - 1, first} <= rows, first
+
+
 def test_a_profile_is_measured_once_and_then_read_from_the_cache(tiny_model_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
     worker = LocalWorker(tiny_model_dirs["llama"], "float32", 1, EngineLimits(max_model_len=256,
@@ -42,6 +49,7 @@ def test_a_profile_is_measured_once_and_then_read_from_the_cache(tiny_model_dirs
     (samples_file,) = (tmp_path / "profiles").glob("*.samples.json")
     kept = load_samples(samples_file)
     assert len(kept) == first.fit.points and any(s.chunks for s in kept)
+    assert [first for first, _ in first.step.kernel_bands][:3] == [1, 2, 5]  # the tiny grid's 1, 4 and 8 rows
 
     import planner.local_profile
 
