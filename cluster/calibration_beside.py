@@ -1,7 +1,7 @@
 """The serving calibration's `beside` phase: prompts prefilled on one worker while another on its host decodes.
 
     rounds = beside_phase(beside_spec(model, threads, replicas, engine), vocab_size)  # its own deployment, stopped
-    serving = dataclasses.replace(serving, **prompt_contention(rounds),
+    serving = dataclasses.replace(serving, **prompt_contention(rounds), **kv_send(profile, rounds, prefill_factor),
                                   beside_prefill_factor=beside_prefill_factor(profile, rounds))
 
 The deployment: one prefill worker and `replicas - 1` decode workers of the profile's kind, filling the host
@@ -109,18 +109,40 @@ def _round(server: tuple[str, str], probes: BesideProbes, vocab_size: int, seed:
 
 def prompt_contention(rounds: list[BesideRound]) -> dict[str, float]:
     """`ServingCost`'s `prompt_contention_s` and `_per_token_s`: the line through the median extra prefill
-    time (beside less quiet, round by round) of the shortest and of the longest probe, neither term below 0;
-    both 0 without rounds."""
-    extra = _extra_prefill(rounds)
+    time (beside less quiet, round by round) of the shortest and of the longest probe (`_line`); both 0
+    without rounds."""
+    step, per_token = _line(_extra_prefill(rounds))
+    return {"prompt_contention_s": step, "prompt_contention_per_token_s": per_token}
+
+
+def kv_send(profile: Profile, rounds: list[BesideRound], prefill_factor: float | None) -> dict[str, float]:
+    """`ServingCost`'s `kv_send_s` and `kv_send_per_token_s`: what the quiet twins, prefilled on the prefill
+    worker with no neighbour at work, took beyond their price at `prefill_factor` (the idle phase's, measured
+    on colocated workers, which stream no KV; None: 1), the line through the median of the shortest and of
+    the longest probe (`_line`); both 0 without rounds. The twins' own drift is the VM's: it does not cancel
+    here as it does in `prompt_contention`."""
+    extra: dict[int, list[float]] = {}
+    for r in rounds:
+        for o in r.quiet:
+            if o.success and o.phases.get("prefill_s"):
+                price = profile.step_seconds(StepShape.prefill(o.prompt_len)) * (prefill_factor or 1.0)
+                extra.setdefault(o.prompt_len, []).append(o.phases["prefill_s"] - price)
+    step, per_token = _line(extra)
+    return {"kv_send_s": step, "kv_send_per_token_s": per_token}
+
+
+def _line(extra: dict[int, list[float]]) -> tuple[float, float]:
+    """(seconds, seconds per token) through the medians of `extra` (prompt length -> seconds each) at its
+    shortest and longest length, neither below 0; (0, 0) with fewer than two lengths."""
     if len(extra) < 2:
-        return {"prompt_contention_s": 0.0, "prompt_contention_per_token_s": 0.0}
+        return 0.0, 0.0
     short, long = min(extra), max(extra)
     short_extra, long_extra = statistics.median(extra[short]), statistics.median(extra[long])
     per_token = max(0.0, (long_extra - short_extra) / (long - short))
     step = max(0.0, short_extra - per_token * short)
     if step == 0.0:  # the line crosses 0 above the short probe: through the long one's median from the origin
         per_token = max(0.0, long_extra / long)
-    return {"prompt_contention_s": step, "prompt_contention_per_token_s": per_token}
+    return step, per_token
 
 
 def _extra_prefill(rounds: list[BesideRound]) -> dict[int, list[float]]:

@@ -15,7 +15,9 @@ drives it in phases:
   beside    with several workers, first, in a deployment of its own (`cluster.calibration_beside`): prompts
             prefilled on one worker while another decodes a long stream, each against its quiet twin just
             after, give the line of `prompt_contention_s` and `prompt_contention_per_token_s`, and the
-            stream's time per token while they prefill against before them `beside_prefill_factor`;
+            stream's time per token while they prefill against before them `beside_prefill_factor`; the
+            quiet twins (on a prefill worker) against their price at the idle prefill factor give the line
+            of `kv_send_s` and `kv_send_per_token_s`, a prefill worker's time for streaming its KV out;
   loaded    Poisson arrivals at about half the pool's capacity, then a burst (batches of 1-16 rows a worker,
             where the Poisson load steps 1-4), every worker tracing its engine steps
             (`runtime.step_trace`): each served step against its profiled price gives the step factors, the
@@ -189,6 +191,7 @@ def fitted(profile: Profile, record: CalibrationRecord) -> Profile:
                                   prefill_factor=prefill_factor)  # fmt: skip
     beside_prefill_factor = calibration_beside.beside_prefill_factor(profile, beside) if beside else None
     serving = dataclasses.replace(serving, **calibration_beside.prompt_contention(beside or []),
+                                  **calibration_beside.kv_send(profile, beside or [], prefill_factor),
                                   beside_prefill_factor=beside_prefill_factor)  # fmt: skip
     factors = calibration_steps.step_factors(profile, record.loaded_steps) if record.loaded_steps else None
     if factors is not None:
@@ -212,6 +215,9 @@ def fitted(profile: Profile, record: CalibrationRecord) -> Profile:
         prompt_fit += (f"prompt_contention_s {serving.prompt_contention_s * 1e3:.1f} ms + "
                        f"{serving.prompt_contention_per_token_s * 1e6:.1f} us a prompt token beside a decoding "
                        f"worker ({calibration_beside.summary(beside)}), ")  # fmt: skip
+    if beside:
+        prompt_fit += (f"kv_send_s {serving.kv_send_s * 1e3:.1f} ms + {serving.kv_send_per_token_s * 1e6:.1f} us "
+                       f"a prompt token on a prefill worker, ")  # fmt: skip
     if serving.beside_prefill_factor is not None:
         prompt_fit += f"beside_prefill_factor {serving.beside_prefill_factor:.3f}, "
     spread = record.idle_prefill_spread()

@@ -81,14 +81,17 @@ class Profile:
     def step_seconds(self, shape: StepShape) -> float:
         return self.step.seconds(shape)
 
-    def served_step_seconds(self, shape: StepShape, prompt_tokens: int, neighbours: Neighbours | None) -> float:
+    def served_step_seconds(self, shape: StepShape, prompt_tokens: int, neighbours: Neighbours | None,
+                            sends_kv: bool = False) -> float:  # fmt: skip
         """A step as a served worker takes it (what the simulator charges): its price times serving's factor for
-        its share of `prompt_tokens` beside `neighbours` (None: alone on its host), plus the prompt's contention
-        and its time per sampled row (`ServingCost`, either sign: never below 0)."""
+        its share of `prompt_tokens` beside `neighbours` (None: alone on its host), plus the prompt's contention,
+        its time per sampled row (`ServingCost`, either sign: never below 0) and, on a prefill worker
+        (`sends_kv`), the time its prompt tokens' KV takes to stream out."""
         serving = self.serving
         factor = serving.factor_for(neighbours, prompt_tokens / max(shape.tokens, 1))
+        sending = serving.kv_send(prompt_tokens) if sends_kv else 0.0
         return max(0.0, self.step_seconds(shape) * factor + serving.prompt_contention(neighbours, prompt_tokens)
-                   + serving.per_rows(shape.sampled_rows))  # fmt: skip
+                   + serving.per_rows(shape.sampled_rows) + sending)  # fmt: skip
 
     def transfer_seconds(self, num_tokens: int) -> float:
         """Moving the KV of `num_tokens` tokens from a prefill worker to a decode worker."""

@@ -66,6 +66,15 @@ with five decode rows is served as a prompt, a decode batch as decode.
                      was prefilled in 180 ms alone and 203-241 ms while the decode worker of a 1P+1D
                      streamed, a 1,536-token one 1.05x its time alone: no factor fits both, and 1P+1D's time
                      to first token was under-predicted in every run of bench_plan (-6..-36% p50).
+
+  kv_send_s, kv_send_per_token_s
+                     the time a prefill worker's step with prompt tokens is served longer than a colocated
+                     worker's, as a line in its prompt tokens (`kv_send`): it streams each layer's KV out as the
+                     forward writes it, and the sends' work (the I/O thread's copies and socket writes, its turns
+                     at the interpreter) shares the step's cores. On 2 cores (AMD EPYC, 1 thread a worker,
+                     2026-11-28) a prefill worker with no neighbour at work prefilled 128-token prompts in 83-88 ms
+                     and 768-token ones in 502-510 ms, where their price at the idle (colocated) prompt factor was
+                     73 and 471, and every 1P+1D run's time to first token was under-predicted (-6..-25% p50).
 """
 
 from __future__ import annotations
@@ -100,6 +109,8 @@ class ServingCost:
     prompt_contention_s: float = 0.0  # a step with prompt tokens, its other workers decoding: added seconds
     prompt_contention_per_token_s: float = 0.0  # ... and added seconds per prompt token of it
     per_served_row_s: float = 0.0  # a served step's added seconds per row it samples, signed (the module doc)
+    kv_send_s: float = 0.0  # a prefill worker's step with prompt tokens: added seconds for streaming its KV out
+    kv_send_per_token_s: float = 0.0  # ... and added seconds per prompt token of it
 
     def __post_init__(self):
         for f in fields(self):
@@ -136,6 +147,10 @@ class ServingCost:
         if neighbours is None or prompt_tokens == 0:
             return 0.0
         return neighbours.decoding * (self.prompt_contention_s + self.prompt_contention_per_token_s * prompt_tokens)
+
+    def kv_send(self, prompt_tokens: int) -> float:
+        """The seconds a prefill worker's step of `prompt_tokens` prompt tokens takes for streaming their KV out."""
+        return self.kv_send_s + self.kv_send_per_token_s * prompt_tokens if prompt_tokens else 0.0
 
     def per_rows(self, sampled_rows: int) -> float:
         """The seconds a served step of `sampled_rows` sampled rows takes beyond its factored price (either sign)."""

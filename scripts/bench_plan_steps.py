@@ -51,8 +51,8 @@ def served_steps(profile: Profile, traces: Path, window: tuple[float, float]) ->
                 decoding = overlap(line, decoders) * len(decoders) / len(others) if decoders else 0.0
                 neighbours = Neighbours(busy=busy, decoding=decoding)
             sums[line["prompt_tokens"] > 0][0] += line["s"]
-            sums[line["prompt_tokens"] > 0][1] += profile.served_step_seconds(shape(line), line["prompt_tokens"],
-                                                                              neighbours)  # fmt: skip
+            sums[line["prompt_tokens"] > 0][1] += profile.served_step_seconds(
+                shape(line), line["prompt_tokens"], neighbours, sends_kv=name.startswith("prefill"))
             count += 1
     if not count:
         return None

@@ -38,12 +38,13 @@ class PricedBatch:
 class PricedRunner:
     """`neighbours` says, when a step starts, what the host's other workers do (None: alone on its host): the
     served step's factor follows it and the step's share of prompt tokens, a step with prompt tokens takes longer
-    while they decode, and every step for the tokens it streams out (`Profile.served_step_seconds`)."""
+    while they decode, and every step for the tokens it streams out (`Profile.served_step_seconds`); a prefill
+    worker's (`sends_kv`) also for the KV of its prompt tokens it streams to decode."""
 
     def __init__(self, profile: Profile, num_blocks: int, clock: SimClock, token_id: int,
-                 neighbours: Callable[[], Neighbours | None] = lambda: None):  # fmt: skip
+                 neighbours: Callable[[], Neighbours | None] = lambda: None, sends_kv: bool = False):  # fmt: skip
         self.profile, self.num_blocks, self.clock, self.token_id = profile, num_blocks, clock, token_id
-        self.neighbours = neighbours
+        self.neighbours, self.sends_kv = neighbours, sends_kv
         self.steps = 0
         self.busy_s = 0.0
 
@@ -52,7 +53,7 @@ class PricedRunner:
         return PricedBatch(shape_of(scheduled), sum(1 for s in scheduled if s.samples), prompt_tokens)
 
     def execute(self, batch: PricedBatch, attachment: bytes = b"", layer_done=None) -> SamplerOutput:
-        seconds = self.profile.served_step_seconds(batch.shape, batch.prompt_tokens, self.neighbours())
+        seconds = self.profile.served_step_seconds(batch.shape, batch.prompt_tokens, self.neighbours(), self.sends_kv)
         self.clock.now += seconds
         self.steps += 1
         self.busy_s += seconds

@@ -51,7 +51,7 @@ class SimWorker:
         self.name, self.role, self.profile, self.events = name, role, profile, events
         self.serving = profile.serving
         self.clock = SimClock()
-        self.engine = sim_engine(profile, limits, self.clock, self._neighbours)
+        self.engine = sim_engine(profile, limits, self.clock, self._neighbours, sends_kv=role == "prefill")
         self.host: list[SimWorker] = [self]  # the workers on this one's host (`planner.sim.run` sets it)
         self.window = ArrivalWindow(window)
         self.local_prefill_threshold = local_prefill_threshold
@@ -202,8 +202,9 @@ def _params(output_len: int) -> SamplingParams:
 
 
 def sim_engine(profile: Profile, limits: EngineLimits, clock: SimClock,
-               neighbours: Callable[[], Neighbours | None] = lambda: None) -> LLMEngine:  # fmt: skip
-    """A real `LLMEngine` (scheduler, block pool, prefix cache) whose steps are priced by `profile`."""
+               neighbours: Callable[[], Neighbours | None] = lambda: None, sends_kv: bool = False) -> LLMEngine:  # fmt: skip
+    """A real `LLMEngine` (scheduler, block pool, prefix cache) whose steps are priced by `profile` (`sends_kv`:
+    a prefill worker's, which stream their prompts' KV out)."""
     dims = profile.model
     model = ModelConfig(architecture="LlamaForCausalLM", vocab_size=dims.vocab_size, hidden_size=dims.hidden_size,
                         intermediate_size=dims.intermediate_size, num_layers=dims.num_layers,
@@ -217,7 +218,7 @@ def sim_engine(profile: Profile, limits: EngineLimits, clock: SimClock,
         scheduler=SchedulerConfig(limits.max_num_seqs, limits.max_num_batched_tokens,
                                   limits.max_model_len or dims.max_position_embeddings),
     )  # fmt: skip
-    runner = PricedRunner(profile, num_blocks, clock, dims.vocab_size - 1, neighbours)
+    runner = PricedRunner(profile, num_blocks, clock, dims.vocab_size - 1, neighbours, sends_kv)
     quiet = logging.getLogger("tandem.engine")
     level, quiet.level = quiet.level, logging.WARNING  # "engine ready" once per simulated worker is noise
     try:

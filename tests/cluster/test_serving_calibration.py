@@ -101,6 +101,21 @@ def test_prompts_beside_a_decoding_worker_fit_the_line_through_their_extra_time(
     assert (again.prompt_contention_s, again.prompt_contention_per_token_s) == (0.0, 0.0)
 
 
+def test_the_quiet_twins_on_the_prefill_worker_fit_the_time_it_takes_to_stream_its_kv_out():
+    profile = _profile()
+    idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)
+    factor = 0.25 / profile.step_seconds(calibration.StepShape.prefill(calibration.IDLE_PROMPT))  # the idle phase's
+    rounds = _beside(0.04, 0.09)
+    for r in rounds:  # each twin: its price at the idle factor, plus 8 ms and 30 us a token for sending its KV
+        r.quiet = [dataclasses.replace(o, phases={"prefill_s": profile.step_seconds(calibration.StepShape.prefill(
+            o.prompt_len)) * factor + 0.008 + 30e-6 * o.prompt_len}) for o in r.quiet]  # fmt: skip
+    fitted = calibration.fitted(profile, CalibrationRecord(2, idle, requests, loaded, rounds))
+    assert (fitted.serving.kv_send_s, fitted.serving.kv_send_per_token_s) == pytest.approx((0.008, 30e-6))
+    assert "kv_send_s 8.0 ms + 30.0 us a prompt token on a prefill worker" in fitted.notes[-1]
+    alone = calibration.fitted(profile, CalibrationRecord(1, idle, calibration._load(profile, 1), loaded)).serving
+    assert (alone.kv_send_s, alone.kv_send_per_token_s) == (0.0, 0.0)  # one worker: no prefill worker measured
+
+
 def test_the_stream_beside_the_prefilling_probes_fits_the_factor_of_a_decode_step_beside_a_prefill():
     profile = _profile()
     idle, requests, loaded = _outcomes(profile, 2, 0.015, 0.05)

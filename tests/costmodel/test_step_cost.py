@@ -169,6 +169,15 @@ def test_the_time_per_sampled_row_takes_either_sign_and_reads_from_its_earlier_n
     assert cheap.served_step_seconds(StepShape.decode(4, 100), 0, None) == 0.0  # never below nothing
 
 
+def test_a_prefill_workers_prompt_steps_pay_for_streaming_their_kv_out():
+    profile = dataclasses.replace(hand_profile(), serving=ServingCost(kv_send_s=0.008, kv_send_per_token_s=3e-5))
+    prompt, decode = StepShape.prefill(100), StepShape.decode(4, 100)
+    sending = profile.served_step_seconds(prompt, 100, None, sends_kv=True)
+    assert sending - profile.served_step_seconds(prompt, 100, None) == pytest.approx(0.008 + 100 * 3e-5)
+    assert profile.served_step_seconds(decode, 0, None, sends_kv=True) == profile.served_step_seconds(decode, 0, None)
+    assert ServingCost.from_dict({"request_s": 0.002}).kv_send(100) == 0.0  # a profile saved before the term
+
+
 def test_prompt_contention_is_a_line_in_prompt_tokens_at_the_share_of_neighbours_decoding():
     serving = ServingCost(prompt_contention_s=0.02, prompt_contention_per_token_s=0.0001)
     assert serving.prompt_contention(Neighbours(1.0, 1.0), 100) == pytest.approx(0.03)

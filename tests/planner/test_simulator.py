@@ -70,6 +70,19 @@ def test_disaggregated_schedule_with_handoff_and_transfer():
     assert a.success and a.output_tokens == 3
 
 
+def test_a_prefill_workers_steps_take_the_time_its_kv_takes_to_stream_out():
+    """The disaggregated case with the prefill worker's sends priced at 5 ms + 0.1 ms a prompt token: its two
+    chunks (64 and 36 tokens) take 11.4 and 8.6 ms longer, the first token and all after it 20 ms later; the
+    decode worker's steps, which send nothing, are priced as before."""
+    transfer = TransferCost(latency_s=0.002, bytes_per_s=32e6)
+    profile = hand_profile(message_s=0.001, transfer=transfer)
+    sending = dataclasses.replace(profile, serving=dataclasses.replace(profile.serving, kv_send_s=0.005,
+                                                                       kv_send_per_token_s=0.0001))  # fmt: skip
+    layout = Layout(PoolLayout(1, sending), PoolLayout(1, sending), LIMITS, arrival_window=NO_WINDOW)
+    (a,) = simulate(layout, [SimRequest(0.0, prompt(100), 3)]).requests
+    assert a.token_times == pytest.approx([0.144, 0.15705, 0.16805])
+
+
 def test_the_arrival_window_holds_an_idle_workers_first_step():
     """Arrivals 0 and 5 ms apart reach an idle worker: its first step waits for quiet (12 ms) and takes both."""
     layout = Layout(PoolLayout(0, None), PoolLayout(1, hand_profile()), LIMITS)
