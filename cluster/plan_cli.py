@@ -193,8 +193,7 @@ def describe_profile(profile) -> str:
              "step cost terms:"]  # fmt: skip
     lines += [f"  {name:30s} {value:.4g}" for name, value in profile.step.to_dict().items() if name != "kernel_bands"]
     if profile.step.kernel_bands:
-        lines.append(f"  {'kernel_bands':30s} " + ", ".join(f"from {first} tokens {seconds * 1e3:.3g} ms"
-                                                            for first, seconds in profile.step.kernel_bands))
+        lines.append(f"  {'kernel_bands':30s} {profile.step.describe_kernel_bands()}")
     lines.append(f"KV transfer: {profile.transfer.latency_s * 1e3:.2f} ms + {profile.transfer.bytes_per_s / 1e9:.2f} GB/s")
     lines.append(f"KV capacity per worker: {profile.kv_cache_tokens} tokens ({profile.kv_bytes_per_token} B/token)")
     lines.append("serving: " + ", ".join(f"{k} {v:.4g}" for k, v in profile.serving.to_dict().items() if v is not None))

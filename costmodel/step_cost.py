@@ -34,8 +34,9 @@ step per request.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, fields
-from typing import Callable
+from typing import Callable, Sequence
 
 from costmodel.step_shape import StepShape
 
@@ -44,6 +45,12 @@ from costmodel.step_shape import StepShape
 # within 1% of each other; without the term, 64-token prompts were priced 8-12% under and 2048-token ones
 # 9-11% over, with it 3-8% under and 2-4% over.
 SMALL_STEP_TOKENS = 256
+
+
+def band_index(firsts: Sequence[int], tokens: int) -> int:
+    """The index of the band a step of `tokens` tokens falls in, of bands starting at `firsts` (ascending): the
+    last starting at or below it; -1 below the first."""
+    return bisect_right(firsts, tokens) - 1
 
 
 @dataclass(frozen=True)
@@ -76,12 +83,12 @@ class StepCost:
     def kernel_band_s(self, tokens: int) -> float:
         """The seconds the kernel band of a step of `tokens` tokens adds: the last band starting at or below it
         (0 below the first band, or with no bands: a published profile's one kernel)."""
-        added = 0.0
-        for first, seconds in self.kernel_bands:
-            if first > tokens:
-                break
-            added = seconds
-        return added
+        i = band_index([first for first, _ in self.kernel_bands], tokens)
+        return self.kernel_bands[i][1] if i >= 0 else 0.0
+
+    def describe_kernel_bands(self) -> str:
+        """The bands as a line of text ("" with none)."""
+        return ", ".join(f"from {first} tokens {seconds * 1e3:.3g} ms" for first, seconds in self.kernel_bands)
 
     def seconds(self, shape: StepShape) -> float:
         """The predicted duration of a step of this shape; 0 for an empty step."""

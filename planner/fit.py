@@ -20,7 +20,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from costmodel import FitReport, StepCost, StepShape
-from costmodel.step_cost import SMALL_STEP_TOKENS
+from costmodel.step_cost import SMALL_STEP_TOKENS, band_index
 
 FITTED = ("fixed_s", "weights_s", "per_token_s", "per_sampled_row_s", "per_sequence_s",
           "per_decode_context_token_s", "per_attention_pair_s", "per_prefill_context_token_s",
@@ -73,8 +73,7 @@ def fit_step_cost(samples: Sequence[StepSample], band_firsts: Sequence[int] = ()
 def sampled_bands(band_firsts: Sequence[int], tokens: Sequence[int]) -> tuple[int, ...]:
     """The firsts of the bands some step of `tokens` tokens fell in; the lowest of them starts at the first
     band's first, so that a band below every sampled one is priced as the lowest sampled."""
-    ends = [*band_firsts[1:], float("inf")]
-    kept = [first for first, end in zip(band_firsts, ends) if any(first <= n < end for n in tokens)]
+    kept = [band_firsts[i] for i in sorted({band_index(band_firsts, n) for n in tokens} - {-1})]
     return tuple(band_firsts[:1]) + tuple(kept[1:]) if kept else ()
 
 
@@ -82,9 +81,9 @@ def _band_indicators(bands: Sequence[int], samples: Sequence[StepSample]) -> np.
     """[n, len(bands)]: 1 where a sample falls in the band (the last band starting at or below its tokens)."""
     out = np.zeros((len(samples), len(bands)))
     for i, s in enumerate(samples):
-        below = [j for j, first in enumerate(bands) if first <= s.shape.tokens]
-        if below:
-            out[i, below[-1]] = 1.0
+        j = band_index(bands, s.shape.tokens)
+        if j >= 0:
+            out[i, j] = 1.0
     return out
 
 

@@ -58,8 +58,7 @@ def compare(measured, published, samples) -> None:
     for kind, (steps, error) in derived.items():
         figure(f"{kind} steps ({steps})", f"measured fit {fitted[kind][1]:.0%}, published {error:.0%} median error")
     ours, theirs = measured.step.to_dict(), published.step.to_dict()
-    figure("measured kernel bands", ", ".join(f"from {first} tokens {seconds * 1e3:.3g} ms"
-                                              for first, seconds in measured.step.kernel_bands) or "none")
+    figure("measured kernel bands", measured.step.describe_kernel_bands() or "none")
     for term, value in ours.items():
         if term != "kernel_bands" and (value or theirs[term]):
             figure(f"term {term}", f"measured {value:.3g} s, published {theirs[term]:.3g} s")
