@@ -86,7 +86,7 @@ def step_factors(profile: Profile, steps: dict[str, list[dict]]) -> dict[str, fl
     per_served_row_s.
     Several: decode-only steps against the share of them the other workers stepped too (`overlap`): the line's
     ends are `alone_step_factor` (none of them) and `step_factor` (all), plus the time per sampled row."""
-    fit = _Fit(profile.step_seconds(StepShape.decode(2, 0)) - profile.step_seconds(StepShape.decode(1, 0)))
+    fit = _Fit(row_price(profile))
     points = []  # (profiled seconds, prompt share, overlap, sampled rows, served seconds)
     for name, lines in steps.items():
         others = [v for k, v in steps.items() if k != name]
@@ -105,6 +105,16 @@ def step_factors(profile: Profile, steps: dict[str, list[dict]]) -> dict[str, fl
     if decode.sum() < MIN_STEPS:
         return None
     return fit.line(priced[decode], shared[decode], sampled[decode], served[decode])
+
+
+def row_price(profile: Profile) -> float:
+    """The profile's price of a second decode row beside one (>= 0): the most a time per sampled row may take off.
+    The steps' kernel bands are left out: a band's seconds go with the step's token count, not with a row, and
+    where the profile prices the 1-row band above the 2-4-row one (Intel Xeon, bfloat16, 2 threads, 2026-12-07:
+    13.3 against 9.8 ms, 1- and 2-row steps both measured at 13-16 ms) the two steps' difference was negative:
+    the fit's start (no time per row) fell outside its bounds and the serving calibration failed."""
+    one, two = (profile.step.terms(StepShape.decode(rows, 0)) for rows in (1, 2))
+    return max(0.0, sum(two[term] - one[term] for term in one if term != "kernel_band"))
 
 
 @dataclasses.dataclass(frozen=True)

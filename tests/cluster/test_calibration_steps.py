@@ -64,19 +64,33 @@ def test_steps_that_all_stream_as_many_tokens_get_a_factor_only():
 
 
 def test_large_batches_served_below_their_price_get_a_negative_time_per_row_bounded_by_the_rows_price():
-    """A profile that prices each row 1 ms above what serving takes: the fit takes it off, and no more than the
-    profile's own price of a row."""
+    """A profile that prices each row 0.5 ms above what serving takes: the fit takes it off, and no more than the
+    profile's own price of a row (1 ms)."""
     profile = _profile()
-    row = profile.step_seconds(StepShape.decode(2, 0)) - profile.step_seconds(StepShape.decode(1, 0))
+    row = steps.row_price(profile)
     shapes = [(StepShape.decode(rows, 300), 0) for rows in (1, 4, 8, 16, 24)] * 10
 
     def served_at(per_row):
         return lambda t, shape, _: 1 + per_row * shape.sampled_rows / profile.step_seconds(shape)
 
-    fitted = steps.step_factors(profile, {"decode-0-1": _worker(profile, shapes, served_at(-0.001))})
-    assert fitted == {"step_factor": pytest.approx(1.0), "per_served_row_s": pytest.approx(-0.001)}
+    fitted = steps.step_factors(profile, {"decode-0-1": _worker(profile, shapes, served_at(-0.0005))})
+    assert fitted == {"step_factor": pytest.approx(1.0), "per_served_row_s": pytest.approx(-0.0005)}
     lower = steps.step_factors(profile, {"decode-0-1": _worker(profile, shapes, served_at(-2 * row))})
     assert lower["per_served_row_s"] == pytest.approx(-row)
+
+
+def test_a_profile_whose_one_row_band_costs_more_than_the_next_still_gets_its_fit():
+    """Its 2-row step priced below its 1-row one (1- and 2-row steps measured alike, the fit's bands took the
+    difference): a row's price is that of a row, not of the band, and the fit starts inside its bounds."""
+    base = _profile()
+    bands = ((1, 0.004), (2, 0.001), (5, 0.0))
+    profile = dataclasses.replace(base, step=dataclasses.replace(base.step, kernel_bands=bands))
+    assert profile.step_seconds(StepShape.decode(2, 0)) < profile.step_seconds(StepShape.decode(1, 0))
+    assert steps.row_price(profile) == pytest.approx(steps.row_price(base)) and steps.row_price(base) > 0
+    shapes = [(StepShape.decode(rows, 300), 0) for rows in (1, 2, 4, 8, 16)] * 12
+    lines = {"decode-0-1": _worker(profile, shapes, lambda *_: 1.2)}
+    assert steps.step_factors(profile, lines) == {"step_factor": pytest.approx(1.2),
+                                                  "per_served_row_s": pytest.approx(0.0, abs=1e-9)}  # fmt: skip
 
 
 def test_steps_the_vm_stalled_are_left_out_of_the_fit():
