@@ -167,7 +167,7 @@ def serve(args: argparse.Namespace) -> None:
         deployment = Deployment(spec)
         deployment.start()
         lifeline.watch_controller(deployment.controller)
-        from router.server import tune_gc_for_serving
+        from runtime.serving_gc import tune_gc_for_serving
 
         tune_gc_for_serving()  # this process now only serves: the router, the admin endpoints, the sync
         from cluster.status import render_status

@@ -32,6 +32,7 @@ from runtime.hosting import HostedWorker
 from runtime.io_thread import IOThread
 from runtime.load_board import LoadBoard
 from runtime.priority import run_at_normal_priority
+from runtime.serving_gc import tune_gc_for_serving
 from runtime.worker_config import on_this_node
 from wire.codec import encode
 from wire.socket_security import sender_public_key, use_cluster_key
@@ -89,6 +90,7 @@ class WorkerActor:
 
     def _host(self, engine_args) -> None:
         self.hosted = HostedWorker(self.name, self.make_worker(engine_args, self.config), self.board)
+        tune_gc_for_serving()  # built and warmed up: from here this process only serves
 
     # ---- tensor parallel start-up --------------------------------------------------
     def free_init_addr(self) -> str:
@@ -106,6 +108,7 @@ class WorkerActor:
             return None
         role = self.follower_role(self.config, leader_key)
         self.follower = FollowerHost(args.create_engine_config(), role, self.name)
+        tune_gc_for_serving()
         return role.endpoint()
 
     def attach_followers(self, endpoints: list[bytes]) -> None:
