@@ -65,6 +65,14 @@ def worker_maker(engine_args, config, calls: Decoders, kv_service: Callable, wor
     return make
 
 
+def _own_process() -> bool:
+    """Whether this runs as a Ray actor, in a process of its own: process-wide settings are its to make, not
+    those of a test or a caller that builds the actor in its own process."""
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
 class WorkerActor:
     make_worker: Callable  # staticmethod: (engine_args, config) -> `(board, deliver) -> LoopWorker`, bound on `host`
     follower_role: type[FollowerRole]  # built with the config: what a follower rank runs beside its forward loop
@@ -90,7 +98,8 @@ class WorkerActor:
 
     def _host(self, engine_args) -> None:
         self.hosted = HostedWorker(self.name, self.make_worker(engine_args, self.config), self.board)
-        tune_gc_for_serving()  # built and warmed up: from here this process only serves
+        if _own_process():
+            tune_gc_for_serving()  # built and warmed up: from here this process only serves
 
     # ---- tensor parallel start-up --------------------------------------------------
     def free_init_addr(self) -> str:
@@ -108,7 +117,8 @@ class WorkerActor:
             return None
         role = self.follower_role(self.config, leader_key)
         self.follower = FollowerHost(args.create_engine_config(), role, self.name)
-        tune_gc_for_serving()
+        if _own_process():
+            tune_gc_for_serving()
         return role.endpoint()
 
     def attach_followers(self, endpoints: list[bytes]) -> None:
