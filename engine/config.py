@@ -55,7 +55,7 @@ def parse_dtype(dtype: str | torch.dtype | None, device: str = "cpu") -> torch.d
     return _DTYPES[dtype]
 
 
-QUANTIZATIONS = ("auto", "none")
+QUANTIZATIONS = ("auto", "gguf", "none")
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,10 @@ class EngineConfig:
     seed: int = 0
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # "auto": a model converted from a GGUF file keeps the file's quantized blocks where the CPU kernels
-    # multiply them (engine.gguf_weights); "none": every weight widened to `dtype`
+    # multiply them (engine.gguf_weights), each band of rows by the kernel timed fastest, integer dot products
+    # over activations quantized to int8 per block among them (llama.cpp's arithmetic); "gguf": the blocks,
+    # multiplied in `dtype` only (the widened weights' values, summed in another order); "none": every
+    # weight widened to `dtype`
     quantization: str = "auto"
 
     def __post_init__(self):

@@ -68,7 +68,7 @@ def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = S
     load_weights(model, config.model_dir, show_progress=show_progress)
     blocks = _gguf_blocks(model, config)
     model.prepare(layer_ops(config.device, config.dtype, model.linear_shapes(), model.op_shapes(),
-                            model.quantized_shapes()))  # fmt: skip
+                            model.quantized_shapes(), int8_activations=config.quantization == "auto"))  # fmt: skip
     logger.info(
         "loaded %s from %s in %.1fs (%s; %s layer ops)",
         config.model.architecture, config.model_dir, time.perf_counter() - start, blocks, model.ops.name,

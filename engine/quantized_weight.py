@@ -144,6 +144,36 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
     return values.reshape(weight.out_features, weight.in_features)
 
 
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, in] per block of 32 as int8 codes and float32 scales ([rows, blocks, 32], [rows, blocks]):
+    d = max |x| / 127, q = round(x * (127 / max |x|)) to nearest even (0 where a block is all zero), as
+    quantized_dot.cpp quantizes the activations of its integer products."""
+    rows, inp = x.shape
+    blocks = x.detach().float().reshape(rows, inp // BLOCK, BLOCK)
+    peak = blocks.abs().amax(-1)
+    inverse = torch.where(peak > 0, 127 / peak, torch.zeros_like(peak))
+    return (blocks * inverse[..., None]).round().to(torch.int8), peak / 127
+
+
+def int8_activation_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference of quantized_dot.cpp: x [rows, in] @ weight.T with x quantized per block
+    (`quantize_activations`), each block's product an exact integer sum scaled by both scales (float64 here;
+    the kernel sums in float32). float32 [rows, out]."""
+    q, d = quantize_activations(x)  # [rows, blocks, 32], [rows, blocks]
+    codes = codes_as_float(weight).double()  # [out, blocks, 32], Q4_0's without its -8
+    integer = torch.einsum("rbj,obj->rob", q.double(), codes)  # [rows, out, blocks]
+    w_scales = weight.scales.double()  # [out, blocks]
+    y = (integer * w_scales[None] * d.double()[:, None]).sum(-1)
+    code_sums = d.double() * q.double().sum(-1)  # [rows, blocks]: the activations' block sums
+    if weight.qtype == "Q4_1":
+        y = y + code_sums @ weight.offsets.double().T
+    elif weight.qtype == "Q4_0":
+        y = y - 8 * code_sums @ w_scales.T
+    if bias is not None:
+        y = y + bias.double()
+    return y.float()
+
+
 def quantize(dense: torch.Tensor, qtype: str) -> QuantizedWeight:
     """`dense` [out, in] (in a multiple of 32) in blocks of `qtype`, each weight the nearest code (the scales
     are not chosen as carefully as llama.cpp's quantiser chooses them): for tests and for timing kernels on

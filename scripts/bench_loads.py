@@ -3,9 +3,11 @@
 The server is the README's command (`tandem serve`: the default model, an embedded
 local Ray, the layout it chooses for the machine and prints, every other setting at its default),
 the client `vllm bench serve` (vLLM's own, through ../shared/tools/vllm-bench) and
-ours (scripts/bench_serving.py), and the peer vLLM's CPU server on the same model,
-one server up at a time. The loads:
+ours (scripts/bench_serving.py), and the peers on the same model, one server up at a time:
+vLLM's CPU server (on the checkpoint Tandem converted) and llama.cpp's `llama-server` (on the
+GGUF file itself, its users' server). The loads:
 
+  one-stream 8 prompts of 256 tokens, one at a time, 128 out
   burst      16 prompts of 128 tokens at once, 64 out
   poisson    24 prompts of 512 tokens, Poisson arrivals at 1 request/s, 128 out
   prefixes   36 prompts sharing 6 prefixes of 1,024 tokens (+ 32 of their own), 1.5 requests/s, 32 out
@@ -13,9 +15,9 @@ one server up at a time. The loads:
 
 What must hold: every request completes (none failed) and no worker restarts
 (`/admin/status` after each load). The table also gives throughput and latencies
-beside vLLM's.
+beside the peers'.
 
-    python scripts/bench_loads.py --with-vllm --markdown BENCHMARKS.md
+    python scripts/bench_loads.py --with-vllm --with-llamacpp --markdown BENCHMARKS.md
     python scripts/bench_loads.py --model DIR --scale 0.5 --length-scale 0.25 --client ours   # a small model (CI)
 """
 
@@ -39,19 +41,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_report import add_markdown_option, machine_line, record_run, run_text  # noqa: E402
-from cluster_bench.servers import free_port, peer_dtype, vllm_server  # noqa: E402
+from cluster_bench.servers import free_port, llamacpp_server, peer_dtype, vllm_server  # noqa: E402
 
 SERVERS = (
     "Tandem: `tandem serve` with its defaults (embedded local Ray; the layout it chose and printed: {layout}; "
     "dtype auto: {dtype} here, max_model_len 8192, max_num_batched_tokens 2048). vLLM CPU "
     "(`../shared/tools/peer-vllm`): {dtype}, the same max_model_len and batched-token budget, OpenMP on both "
-    "cores. One server up at a time; "
+    "cores.{llamacpp} One server up at a time; "
     "clients: `vllm bench serve` (vLLM's own, `../shared/tools/vllm-bench`) and `scripts/bench_serving.py`, "
     "random prompts with `--ignore-eos`. Loads:\n"
 )
 VLLM_BENCH = ROOT.parent / "shared" / "tools" / "vllm-bench"
 PEER_VLLM = ROOT.parent / "shared" / "tools" / "peer-vllm"
+PEER_LLAMACPP = ROOT.parent / "shared" / "tools" / "peer-llamacpp"
+LLAMACPP = (" llama.cpp (`../shared/tools/peer-llamacpp`, built here for this CPU): `llama-server` on the GGUF "
+            "file itself ({gguf}), {slots} slots batched continuously over one shared KV pool of {context} tokens, "
+            "2 threads.")
 SERVED_NAME = "SmolLM2-135M-Instruct"
+LLAMACPP_SLOTS = 64  # the flood's 64 at once, each in a slot of its own (vLLM and Tandem seat 256)
+LLAMACPP_CONTEXT = 131072  # their shared KV pool: 2,048 tokens a slot
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ class Load:
 
 
 def loads(scale: float = 1.0, length_scale: float = 1.0) -> list[Load]:
-    """The four loads: `scale` times as many prompts (at least 4), `length_scale` times their token lengths
+    """The five loads: `scale` times as many prompts (at least 4), `length_scale` times their token lengths
     (a small model's context), at the same rates."""
 
     def n(count: int) -> int:
@@ -84,6 +92,7 @@ def loads(scale: float = 1.0, length_scale: float = 1.0) -> list[Load]:
                      "--prefix-repetition-suffix-len", str(t(32)), "--prefix-repetition-num-prefixes", str(groups),
                      "--prefix-repetition-output-len", str(t(32)), "--request-rate", "1.5"))  # fmt: skip
     return [
+        dataclasses.replace(random(8, 256, 128, ("--max-concurrency", "1"), "one at a time"), name="one-stream"),
         dataclasses.replace(random(16, 128, 64, ("--max-concurrency", str(n(16))), "at once"), name="burst"),
         dataclasses.replace(random(24, 512, 128, ("--request-rate", "1"), "at Poisson 1 request/s"), name="poisson"),
         prefixes,
@@ -219,6 +228,20 @@ def measure(server: str, url: str, args, result_dir: Path) -> list[dict]:
     return rows
 
 
+def measure_llamacpp(args, result_dir: Path) -> list[dict]:
+    """The loads against `llama-server` on the GGUF file the model was converted from (built once by
+    ../shared/tools/peer-llamacpp, ~11 min on 2 cores)."""
+    from engine.gguf_weights import gguf_source
+
+    args.gguf = gguf_source(args.tokenizer)
+    if args.gguf is None:
+        raise SystemExit(f"--with-llamacpp: {args.tokenizer} was not converted from a GGUF file llama.cpp could serve")
+    binary = subprocess.run([str(PEER_LLAMACPP)], capture_output=True, text=True, check=True).stdout.strip()
+    with llamacpp_server(binary, str(args.gguf), SERVED_NAME, args.peer_threads, result_dir / "llamacpp.log",
+                         slots=LLAMACPP_SLOTS, context_tokens=LLAMACPP_CONTEXT) as url:  # fmt: skip
+        return measure("llamacpp", url, args, result_dir)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| load | server | client | completed / sent | failed | worker restarts | req/s | output tok/s | "
              "TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p50 ms |", "|---" * 11 + "|"]  # fmt: skip
@@ -240,7 +263,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scale", type=float, default=1.0, help="prompts per load, times this (rates unchanged)")
     p.add_argument("--length-scale", type=float, default=1.0, help="token lengths, times this (a small model)")
     p.add_argument("--with-vllm", action="store_true", help="then the same loads against vLLM's CPU server")
-    p.add_argument("--vllm-threads", type=int, default=2)
+    p.add_argument("--peer-threads", type=int, default=2, help="threads of each peer server (vLLM, llama.cpp)")
+    p.add_argument("--with-llamacpp", action="store_true",
+                   help="then the same loads against llama.cpp's llama-server on the model's GGUF file")
     add_markdown_option(p)
     args = p.parse_args(argv)
     args.clients = ("vllm", "ours") if args.client == "both" else (args.client,)
@@ -259,14 +284,18 @@ def main(argv=None) -> None:
     if args.with_vllm:
         python = subprocess.run([str(PEER_VLLM)], capture_output=True, text=True, check=True).stdout.strip()
         engine = {"max_model_len": 8192, "max_num_batched_tokens": 2048, "max_num_seqs": 256}  # tandem's defaults
-        with vllm_server(python, args.tokenizer, SERVED_NAME, engine, args.vllm_threads,
+        with vllm_server(python, args.tokenizer, SERVED_NAME, engine, args.peer_threads,
                          result_dir / "vllm.log") as url:  # fmt: skip
             rows += measure("vllm", url, args, result_dir)
+    if args.with_llamacpp:
+        rows += measure_llamacpp(args, result_dir)
     text = table(sorted(rows, key=lambda r: ([x.name for x in loads()].index(r["load"]), r["server"])))
     print(text)
     print(f"results: {result_dir}")
     if args.markdown:
-        details = SERVERS.format(layout=layout, dtype=peer_dtype()) + "\n".join(
+        llamacpp = (LLAMACPP.format(gguf=args.gguf.name, slots=LLAMACPP_SLOTS, context=LLAMACPP_CONTEXT)
+                    if args.with_llamacpp else "")  # fmt: skip
+        details = SERVERS.format(layout=layout, dtype=peer_dtype(), llamacpp=llamacpp) + "\n".join(
             f"- `{x.name}`: {x.description}" for x in loads(args.scale, args.length_scale))
         record = run_text("bench_loads.py", sys.argv[1:], machine_line(), details, text)
         record_run(args.markdown, "bench_loads.py", record)

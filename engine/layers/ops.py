@@ -231,7 +231,8 @@ def chosen_elementwise(kernels, dtype: torch.dtype, shapes: OpShapes | None,
 def native_ops(kernels, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]],
                linear_choice: Sequence[str] | None = None, op_shapes: OpShapes | None = None,
                elementwise: Sequence[str] | None = None, quantized_shapes: Mapping[str, Sequence] | None = None,
-               quantized_choice: Mapping[str, Sequence[str]] | None = None) -> LayerOps:  # fmt: skip
+               quantized_choice: Mapping[str, Sequence[str]] | None = None,
+               int8_activations: bool = False) -> LayerOps:  # fmt: skip
     """The native kernels where they are faster here: for each band of row counts the linear kernel timed
     fastest on `linear_shapes` (the model's [out, in] weights), or the one `linear_choice` names, and each
     elementwise op native or torch as timed on `op_shapes` (or as `elementwise` names). Weights in GGUF
@@ -244,7 +245,7 @@ def native_ops(kernels, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, i
     if quantized_shapes:
         quantized, prepare_quantized, quantized_chosen = chosen_quantized_linear(
             kernels, dtype, quantized_shapes, machine_key(kernels, dtype), linear_candidates(kernels, dtype),
-            dense_makers(kernels), quantized_choice)  # fmt: skip
+            dense_makers(kernels), quantized_choice, int8_activations)  # fmt: skip
         linear, name = _by_weight_kind(linear, quantized), f"{name}; GGUF blocks by rows: {quantized_chosen}"
     return LayerOps(ops["rms_norm"], ops["add_rms_norm"], ops["rotary"], ops["silu_and_mul"], linear, name,
                     prepare, prepare_quantized)  # fmt: skip
@@ -265,10 +266,13 @@ def native_kernels_for(device: str, dtype: torch.dtype):
 
 def layer_ops(device: str, dtype: torch.dtype, linear_shapes: Sequence[tuple[int, int]] = (),
               op_shapes: OpShapes | None = None,
-              quantized_shapes: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> LayerOps:  # fmt: skip
+              quantized_shapes: Mapping[str, Sequence[tuple[int, int]]] | None = None,
+              int8_activations: bool = False) -> LayerOps:  # fmt: skip
     """The layer's ops for a model on `device` (see the module doc). A model with weights in GGUF blocks
-    (`quantized_shapes`) needs the native kernels: the loader attaches blocks only where they load."""
+    (`quantized_shapes`) needs the native kernels: the loader attaches blocks only where they load.
+    `int8_activations`: the blocks' candidates include integer products over activations quantized to int8."""
     kernels = native_kernels_for(device, dtype) if linear_shapes or quantized_shapes else None
     if kernels is None:
         return TORCH_OPS
-    return native_ops(kernels, dtype, linear_shapes, op_shapes=op_shapes, quantized_shapes=quantized_shapes)
+    return native_ops(kernels, dtype, linear_shapes, op_shapes=op_shapes, quantized_shapes=quantized_shapes,
+                      int8_activations=int8_activations)  # fmt: skip

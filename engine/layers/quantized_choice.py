@@ -5,12 +5,15 @@ cached and logged. The candidates are the blocks' own kernels and every dense on
     blocks   native: each block widened in registers and multiplied into up to 8 rows while it is there
              (a decode step reads only the blocks: the file's bytes)
     widen    native: the whole weight widened to float32 once, then F.linear
+    int8     native, with AVX512-VNNI and quantization "auto" only: each block of 32 activations quantized
+             to int8 with a scale of its own, then integer dot products with the blocks' codes, llama.cpp's
+             arithmetic (quantized_dot.cpp; not the float product: it rounds the activations)
     packed, dense, onednn, mv, few   the dense kernels (`ops.linear_candidates`), on the weight as loaded
 
 A band that a dense kernel wins keeps that dense form beside the blocks (`BlockForms`): on the Xeon of
 2026-11-28 the blocks won one row by 1.9x, and lost 64 mixed requests' batches by 12% when every band had
-to read them. The blocks' kernels take float32: bfloat16 activations are widened for them and the result
-rounded back.
+to read them. The float kernels of the blocks take float32: bfloat16 activations are widened for them and
+the result rounded back; the integer one reads and writes either.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ class BlockForms:
     forms: Mapping[str, object]
 
 
-def quantized_candidates(kernels) -> list[Candidate]:
+def quantized_candidates(kernels, int8_activations: bool = False) -> list[Candidate]:
+    """The blocks' own kernels; with `int8_activations`, and the kernels built with AVX512-VNNI, the integer
+    one too (its results differ from the float products by the activations' rounding)."""
     def in_float32(product: Callable[[Tensor, QuantizedWeight, Tensor | None], Tensor]):
         def run(x: Tensor, w: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
             if x.dtype == torch.float32:
@@ -53,19 +58,24 @@ def quantized_candidates(kernels) -> list[Candidate]:
     def widen(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
         return F.linear(x, kernels.dequantize_blocks(w.qtype, w.codes, w.scales, w.offsets), bias)
 
-    return [Candidate("blocks", "quantized", in_float32(blocks)), Candidate("widen", "quantized", in_float32(widen))]
+    def int8(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:  # float32 or bfloat16 as they come
+        return kernels.quantized_linear_int8(x if x.stride(-1) == 1 else x.contiguous(), w.qtype, w.codes, w.scales,
+                                             w.offsets, None if bias is None else bias.to(x.dtype))  # fmt: skip
+
+    exact = [Candidate("blocks", "quantized", in_float32(blocks)), Candidate("widen", "quantized", in_float32(widen))]
+    return exact + ([Candidate("int8", "quantized", int8)] if int8_activations and kernels.int8_dot_built() else [])
 
 
 def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Sequence[tuple[int, int]]],
                             machine: Sequence[str], dense: Sequence[Candidate],
                             makers: Mapping[str, Callable[[Tensor], object]],
-                            choice: Mapping[str, Sequence[str]] | None = None,
+                            choice: Mapping[str, Sequence[str]] | None = None, int8_activations: bool = False,
                             ) -> tuple[Callable, Callable, str]:  # fmt: skip
     """(linear, prepare, description): for each quantized type, per band of row counts, the candidate timed
     fastest on that type's [out, in] `shapes` among the blocks' kernels and the `dense` ones (whose forms
     `makers` make from a dense weight), or `choice[qtype]` as given (tests). `machine`: the timing's cache
     key parts (ops.machine_key). `prepare(blocks, loaded)` makes the `BlockForms` that `linear` takes."""
-    candidates = {c.name: c for c in [*quantized_candidates(kernels), *dense]}
+    candidates = {c.name: c for c in [*quantized_candidates(kernels, int8_activations), *dense]}
     by_type, described = {}, []
     for qtype, type_shapes in sorted(shapes.items()):
         names = (choice or {}).get(qtype)

@@ -1,7 +1,8 @@
-"""The servers bench_cluster.py measures, one at a time: a Tandem deployment on local Ray, or vLLM's CPU build.
+"""The servers the benchmarks measure, one at a time: a Tandem deployment on local Ray, vLLM's CPU build, or
+llama.cpp's `llama-server` (the peer of GGUF users).
 
-Both are context managers yielding the base URL; leaving the block stops the
-server (Tandem: workers and router; vLLM: its whole process group).
+Each is a context manager yielding the base URL; leaving the block stops the
+server (Tandem: workers and router; vLLM and llama.cpp: the whole process group).
 """
 
 from __future__ import annotations
@@ -89,6 +90,39 @@ def vllm_server(python: str, model_dir: str, served_model_name: str, engine: dic
         while not _healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"vLLM did not start (see {log_path}): {' '.join(cmd)}")
+            time.sleep(1)
+        yield url
+    finally:
+        _stop_group(proc)
+
+
+def llamacpp_command(binary: str, gguf: str, served_model_name: str, port: int, threads: int, slots: int,
+                     context_tokens: int) -> list[str]:  # fmt: skip
+    """`llama-server` as `../shared/tools/peer-llamacpp` says to run it: `slots` parallel sequences batched
+    continuously, one KV pool of `context_tokens` shared by them (-kvu, as vLLM's), `threads` for decode and
+    for prompt batches. Where the CPU lists AMX tiles its repacked AMX path is left off (--no-repack): on the
+    VMs seen here the tile instructions fault (SIGILL at the first request)."""
+    from engine.cpu_features import read_cpuinfo
+
+    cmd = [binary, "-m", gguf, "-a", served_model_name, "-np", str(slots), "-kvu", "-c", str(context_tokens),
+           "-t", str(threads), "-tb", str(threads), "--no-webui", "--host", "127.0.0.1", "--port", str(port)]
+    return cmd + (["--no-repack"] if "amx_tile" in read_cpuinfo().flags else [])
+
+
+@contextlib.contextmanager
+def llamacpp_server(binary: str, gguf: str, served_model_name: str, threads: int, log_path: Path,
+                    slots: int = 64, context_tokens: int = 131072, start_timeout_s: float = 300.0):  # fmt: skip
+    """llama.cpp's server on `gguf` (`llamacpp_command`), up until the block ends."""
+    port = free_port()
+    cmd = llamacpp_command(binary, gguf, served_model_name, port, threads, slots, context_tokens)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not _healthy(url):  # 503 while it loads the model
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not start (see {log_path}): {' '.join(cmd)}")
             time.sleep(1)
         yield url
     finally:

@@ -16,7 +16,10 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def smollm2():
     model_dir = resolve_model(None)  # converts the GGUF once into the cache
-    return model_dir, LLM(str(model_dir), kv_cache_memory=64 * 2**20, max_model_len=2048, dtype="float32")
+    # "gguf": the file's blocks multiplied in float32 only (auto may also quantize activations to int8 where
+    # that is faster here, which rounds them: tests/engine/test_quantized_dot.py)
+    return model_dir, LLM(str(model_dir), kv_cache_memory=64 * 2**20, max_model_len=2048, dtype="float32",
+                          quantization="gguf")  # fmt: skip
 
 
 def _chat_ids(tokenizer, question: str) -> list[int]:
@@ -45,8 +48,8 @@ def test_capital_of_france_matches_transformers(smollm2):
 
 
 def test_its_gguf_blocks_serve_every_linear_and_answer_as_the_widened_weights(smollm2):
-    """Quantization auto (the default) multiplies the file's Q4_1 / Q8_0 blocks; "none" their float32 values:
-    the same weights, summed in another order, the same greedy tokens."""
+    """Quantization "gguf" multiplies the file's Q4_1 / Q8_0 blocks; "none" their float32 values: the same
+    weights, summed in another order, the same greedy tokens."""
     from engine.layers.linear import PreparedLinear
 
     model_dir, llm = smollm2

@@ -20,6 +20,9 @@ at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
                          c10::optional<at::Tensor> bias);
 at::Tensor quantized_linear(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
                             c10::optional<at::Tensor> offsets, c10::optional<at::Tensor> bias);
+bool int8_dot_built();
+at::Tensor quantized_linear_int8(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
+                                 c10::optional<at::Tensor> offsets, c10::optional<at::Tensor> bias);
 at::Tensor dequantize_blocks(const std::string& qtype, at::Tensor codes, at::Tensor scales,
                              c10::optional<at::Tensor> offsets);
 void write_kv_cache(at::Tensor key, at::Tensor value, at::Tensor key_cache, at::Tensor value_cache,
@@ -39,6 +42,9 @@ std::vector<std::string> built_with() {
 #endif
 #ifdef __AVX512BF16__
   on.push_back("avx512_bf16");
+#endif
+#ifdef __AVX512VNNI__
+  on.push_back("avx512_vnni");
 #endif
 #ifdef __AMX_TILE__
   on.push_back("amx_tile");
@@ -63,6 +69,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
   m.def("quantized_linear", &quantized_linear,
         "x @ weight.T (+ bias), float32, over a weight in GGUF blocks (Q8_0, Q4_0, Q4_1) widened in registers",
+        py::arg("x"), py::arg("qtype"), py::arg("codes"), py::arg("scales"), py::arg("offsets") = py::none(),
+        py::arg("bias") = py::none());
+  m.def("int8_dot_built", &int8_dot_built, "whether quantized_linear_int8 was compiled in (AVX512-VNNI)");
+  m.def("quantized_linear_int8", &quantized_linear_int8,
+        "x @ weight.T (+ bias) over a weight in GGUF blocks, x quantized to int8 per block of 32 (VNNI dots)",
         py::arg("x"), py::arg("qtype"), py::arg("codes"), py::arg("scales"), py::arg("offsets") = py::none(),
         py::arg("bias") = py::none());
   m.def("dequantize_blocks", &dequantize_blocks, "a weight in GGUF blocks as float32 [out, in]", py::arg("qtype"),
