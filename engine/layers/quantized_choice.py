@@ -8,6 +8,9 @@ cached and logged. The candidates are the blocks' own kernels and every dense on
     int8     native, with AVX512-VNNI and quantization "auto" only: each block of 32 activations quantized
              to int8 with a scale of its own, then integer dot products with the blocks' codes, llama.cpp's
              arithmetic (quantized_dot.cpp; not the float product: it rounds the activations)
+    int8-panels  the same products over the blocks repacked into panels of 16 outputs, one output per
+             vector lane (engine.quantized_panels; quantized_panels.cpp): the scales applied once per 16
+             outputs, for batches
     packed, dense, onednn, mv, few   the dense kernels (`ops.linear_candidates`), on the weight as loaded
 
 A band that a dense kernel wins keeps that dense form beside the blocks (`BlockForms`): on the Xeon of
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 
 from engine.layers import cold_weights
 from engine.layers.linear_choice import Candidate, band_of, cached_choice, choose, describe
+from engine.quantized_panels import pack_int8_panels
 from engine.quantized_weight import QuantizedWeight, quantize
 
 Tensor = torch.Tensor
@@ -39,6 +43,11 @@ class BlockForms:
 
     blocks: QuantizedWeight
     forms: Mapping[str, object]
+
+
+# The forms made from the blocks themselves (the others from the weight as loaded): form -> maker.
+BLOCK_FORMS: Mapping[str, Callable[[QuantizedWeight], object]] = {
+    "quantized": lambda blocks: blocks.for_kernels(), "int8_panels": pack_int8_panels}
 
 
 def quantized_candidates(kernels, int8_activations: bool = False) -> list[Candidate]:
@@ -62,8 +71,14 @@ def quantized_candidates(kernels, int8_activations: bool = False) -> list[Candid
         return kernels.quantized_linear_int8(x if x.stride(-1) == 1 else x.contiguous(), w.qtype, w.codes, w.scales,
                                              w.offsets, None if bias is None else bias.to(x.dtype))  # fmt: skip
 
+    def int8_panels(x: Tensor, w, bias: Tensor | None) -> Tensor:
+        return kernels.quantized_panels_linear(x if x.stride(-1) == 1 else x.contiguous(), w.qtype, w.codes, w.scales,
+                                               w.extra, w.out_features, None if bias is None else bias.to(x.dtype))
+
     exact = [Candidate("blocks", "quantized", in_float32(blocks)), Candidate("widen", "quantized", in_float32(widen))]
-    return exact + ([Candidate("int8", "quantized", int8)] if int8_activations and kernels.int8_dot_built() else [])
+    if not (int8_activations and kernels.int8_dot_built()):
+        return exact
+    return [*exact, Candidate("int8", "quantized", int8), Candidate("int8-panels", "int8_panels", int8_panels)]
 
 
 def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Sequence[tuple[int, int]]],
@@ -82,7 +97,8 @@ def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Se
         if names is None:
             key = [*machine, f"quantized {qtype}", " ".join(sorted(candidates)), repr(sorted(set(type_shapes))),
                    cold_weights.KEY]  # fmt: skip
-            prepare_timed = {**makers, "quantized": lambda w, qtype=qtype: quantize(w, qtype).for_kernels()}
+            prepare_timed = {**makers, **{form: lambda w, make=make, qtype=qtype: make(quantize(w, qtype))
+                                          for form, make in BLOCK_FORMS.items()}}  # fmt: skip
             names = cached_choice(key, lambda: choose(list(candidates.values()), sorted(set(type_shapes)), dtype,
                                                       prepare_timed), f"{qtype} linear kernels")  # fmt: skip
         by_type[qtype] = [candidates[name] for name in names]
@@ -90,7 +106,7 @@ def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Se
 
     def prepare(blocks: QuantizedWeight, loaded: Tensor) -> BlockForms:
         forms = {c.form for c in by_type[blocks.qtype]}
-        made = {form: blocks.for_kernels() if form == "quantized" else makers[form](loaded) for form in forms}
+        made = {form: BLOCK_FORMS[form](blocks) if form in BLOCK_FORMS else makers[form](loaded) for form in forms}
         return BlockForms(blocks, made)
 
     def linear(x: Tensor, weight: BlockForms, bias: Tensor | None = None) -> Tensor:

@@ -1,6 +1,7 @@
-"""The integer dot-product kernel over GGUF blocks (quantized_dot.cpp: activations quantized to int8 per
-block, VNNI) against its PyTorch reference (`engine.quantized_weight.int8_activation_linear`), and that
-reference against the float product it approximates."""
+"""The integer dot-product kernels over GGUF blocks (activations quantized to int8 per block, VNNI: the
+blocks as they are, quantized_dot.cpp, and repacked into panels of 16 outputs, quantized_panels.cpp) against
+their PyTorch reference (`engine.quantized_weight.int8_activation_linear`), and that reference against the
+float product it approximates."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 
 from engine.layers.ops import dense_makers, linear_candidates
 from engine.layers.quantized_choice import chosen_quantized_linear, quantized_candidates
+from engine.quantized_panels import pack_int8_panels
 from engine.quantized_weight import BLOCK, QTYPES, dequantize, int8_activation_linear, quantize, quantize_activations
 from tests.engine.native_kernels import native_kernels
 
@@ -108,9 +110,61 @@ def test_only_quantization_auto_offers_the_integer_kernel_and_a_band_it_serves_r
     weight = quantize(torch.randn(48, 4 * BLOCK), "Q4_1")
     linear, prepare, described = chosen_quantized_linear(
         kernels, torch.bfloat16, {"Q4_1": [weight.shape]}, [], linear_candidates(kernels, torch.bfloat16),
-        dense_makers(kernels), {"Q4_1": ["int8"] * 6}, int8_activations=True)  # fmt: skip
+        dense_makers(kernels), {"Q4_1": ["int8"] * 3 + ["int8-panels"] * 3}, int8_activations=True)  # fmt: skip
     forms = prepare(weight, dequantize(weight).to(torch.bfloat16))
-    x = torch.randn(3, 4 * BLOCK).to(torch.bfloat16)
-    out = linear(x, forms)
-    assert out.dtype == torch.bfloat16 and "Q4_1: 1 row: int8, 2-4 rows: int8" in described
-    _close(out, int8_activation_linear(x, forms.forms["quantized"]), 1e-2)
+    assert set(forms.forms) == {"quantized", "int8_panels"}
+    assert "Q4_1: 1 row: int8, 2-4 rows: int8, 5-16 rows: int8, 17-64 rows: int8-panels" in described
+    for rows in (3, 20):  # the blocks' kernel, then the panels'
+        x = torch.randn(rows, 4 * BLOCK).to(torch.bfloat16)
+        out = linear(x, forms)
+        assert out.dtype == torch.bfloat16
+        _close(out, int8_activation_linear(x, weight), 1e-2)
+
+
+def _panels_linear(x, panels, bias=None):
+    return kernels.quantized_panels_linear(x, panels.qtype, panels.codes, panels.scales, panels.extra,
+                                           panels.out_features, bias)  # fmt: skip
+
+
+def test_a_panel_holds_four_weights_of_each_output_per_lane():
+    torch.manual_seed(12)
+    for qtype in QTYPES:
+        weight = quantize(torch.randn(20, 2 * BLOCK), qtype)
+        panels = pack_int8_panels(weight)
+        q = torch.stack([(weight.codes.view(20, 2, 32 if qtype == "Q8_0" else 16)[o, 1]) for o in range(20)])
+        o, k, t = 17, 2, 3  # output 17 is lane 1 of panel 1; weights 4k + t of its block 1
+        lane = panels.codes[1, 1].view(-1, 16, 4)[k, o - 16, t].item()
+        if qtype == "Q8_0":
+            assert panels.codes.shape == (2, 2, 512) and lane == q[o, 4 * k + t].item()
+            assert panels.extra[1, 1, o - 16].item() == 128 * q[o].int().sum().item()
+        else:  # weight 4k + t in the low nibble, weight 16 + 4k + t in the high one
+            byte = q[o, 4 * k + t].item()  # the file's byte j: weight j (low), j + 16 (high)
+            assert panels.codes.shape == (2, 2, 256) and lane == byte
+        assert panels.scales[1, 1, o - 16] == weight.scales[o, 1].float() and panels.scales[1, 1, 4:].eq(0).all()
+
+
+@needs_vnni
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
+def test_the_panels_kernel_is_the_same_integer_product(qtype, rows):
+    torch.manual_seed(rows + 20)
+    weight = quantize(torch.randn(37, 5 * BLOCK), qtype)  # 3 panels, the last one 5 outputs
+    x = torch.randn(rows, 5 * BLOCK)
+    bias = torch.randn(37) if rows % 2 else None
+    out = _panels_linear(x, pack_int8_panels(weight), bias)
+    assert out.dtype == torch.float32 and out.shape == (rows, 37)
+    _close(out, int8_activation_linear(x, weight, bias), 1e-3)
+    xb = x.to(torch.bfloat16)
+    _close(_panels_linear(xb, pack_int8_panels(weight)), int8_activation_linear(xb, weight), 1e-2)
+
+
+@needs_vnni
+def test_panels_of_the_wrong_shape_or_kind_are_refused_with_the_reason():
+    panels = pack_int8_panels(quantize(torch.randn(20, BLOCK), "Q4_1"))
+    x = torch.randn(2, BLOCK)
+    with pytest.raises(RuntimeError, match="Q4_1 panels take their offsets"):
+        kernels.quantized_panels_linear(x, "Q4_1", panels.codes, panels.scales, None, 20)
+    with pytest.raises(RuntimeError, match="must fill the last of the panels"):
+        kernels.quantized_panels_linear(x, "Q4_1", panels.codes, panels.scales, panels.extra, 40)
+    with pytest.raises(RuntimeError, match="in = the weight's in_features"):
+        _panels_linear(torch.randn(2, 2 * BLOCK), panels)

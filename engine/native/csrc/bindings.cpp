@@ -23,6 +23,9 @@ at::Tensor quantized_linear(at::Tensor x, const std::string& qtype, at::Tensor c
 bool int8_dot_built();
 at::Tensor quantized_linear_int8(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
                                  c10::optional<at::Tensor> offsets, c10::optional<at::Tensor> bias);
+at::Tensor quantized_panels_linear(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
+                                   c10::optional<at::Tensor> extra, int64_t out_features,
+                                   c10::optional<at::Tensor> bias);
 at::Tensor dequantize_blocks(const std::string& qtype, at::Tensor codes, at::Tensor scales,
                              c10::optional<at::Tensor> offsets);
 void write_kv_cache(at::Tensor key, at::Tensor value, at::Tensor key_cache, at::Tensor value_cache,
@@ -76,6 +79,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ weight.T (+ bias) over a weight in GGUF blocks, x quantized to int8 per block of 32 (VNNI dots)",
         py::arg("x"), py::arg("qtype"), py::arg("codes"), py::arg("scales"), py::arg("offsets") = py::none(),
         py::arg("bias") = py::none());
+  m.def("quantized_panels_linear", &quantized_panels_linear,
+        "x @ weight.T (+ bias) over a weight in GGUF blocks repacked into panels of 16 outputs "
+        "(engine.quantized_panels), x quantized to int8 per block of 32 (VNNI dots)",
+        py::arg("x"), py::arg("qtype"), py::arg("codes"), py::arg("scales"), py::arg("extra"),
+        py::arg("out_features"), py::arg("bias") = py::none());
   m.def("dequantize_blocks", &dequantize_blocks, "a weight in GGUF blocks as float32 [out, in]", py::arg("qtype"),
         py::arg("codes"), py::arg("scales"), py::arg("offsets") = py::none());
   m.def("write_kv_cache", &write_kv_cache, "scatter K/V rows into the paged cache (slot -1 skipped)");

@@ -18,9 +18,9 @@
 //
 // Shapes: x [rows, in] float32 or bfloat16, rows contiguous; the weight as quantized_linear.cpp takes it; bias
 // [out] in x's dtype or none. The result: [rows, out] in x's dtype.
-#include "tensor_api.h"
-
 #include "float_types.h"
+#include "gguf_blocks.h"
+#include "tensor_api.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define TANDEM_INT8_DOT 1
@@ -38,13 +38,14 @@
 #ifdef TANDEM_INT8_DOT
 namespace {
 
-constexpr int64_t kBlock = 32;
-constexpr int64_t kHalf = kBlock / 2;
+using tandem::Blocks;
+using tandem::kBlock;
+using tandem::kHalf;
+using tandem::QType;
+
 constexpr int64_t kPair = 2 * kBlock;
 constexpr int64_t kMaxRows = 16;     // rows multiplied into one pair of weight blocks
 constexpr int64_t kOutPerTask = 16;  // output features per parallel task
-
-enum class QType { kQ8_0, kQ4_0, kQ4_1 };
 
 // The activations of a call, quantized: per row, per pair p, 64 codes in the pair's order and 16 lane scales
 // (the scale of the block each int32 lane of VPDPBUSD sums), and per row and block d_x * sum(codes) (Q4 only).
@@ -89,18 +90,12 @@ void quantize_row(const T* x, int64_t blocks, int64_t pairs, uint8_t* codes, flo
     if (sums != nullptr) sums[b] = d * static_cast<float>(sum);
     if (b % 2 == 1 || b + 1 == blocks) {
       if (b % 2 == 0) scales[1] = 0.f;
-      const __m512 both = _mm512_permutexvar_ps(lane_blocks<kType>(), _mm512_castps128_ps512(_mm_set_ps(0, 0, scales[1], scales[0])));
+      const __m128 two = _mm_set_ps(0, 0, scales[1], scales[0]);
+      const __m512 both = _mm512_permutexvar_ps(lane_blocks<kType>(), _mm512_castps128_ps512(two));
       _mm512_storeu_ps(lane_scales + (b / 2) * 16, both);
     }
   }
 }
-
-struct Blocks {
-  const uint8_t* codes;
-  const float* scales;
-  const float* offsets;  // Q4_1 only
-  int64_t blocks;
-};
 
 // Pair p of output n's blocks as VPDPBUSD takes it, and its 16 lane scales.
 template <QType kType>
@@ -109,10 +104,11 @@ inline __m512i weight_pair(const Blocks& w, int64_t n, int64_t p, __m512& lane_s
   const bool both = b + 1 < w.blocks;
   const __m128 two = _mm_maskz_loadu_ps(both ? 0x3 : 0x1, w.scales + i);
   lane_scales = _mm512_permutexvar_ps(lane_blocks<kType>(), _mm512_castps128_ps512(two));
+  const uint8_t* codes = static_cast<const uint8_t*>(w.codes);
   if constexpr (kType == QType::kQ8_0) {
-    return _mm512_maskz_loadu_epi8(both ? ~__mmask64{0} : __mmask64{0xFFFFFFFF}, w.codes + i * kBlock);
+    return _mm512_maskz_loadu_epi8(both ? ~__mmask64{0} : __mmask64{0xFFFFFFFF}, codes + i * kBlock);
   } else {
-    const __m256i bytes = _mm256_maskz_loadu_epi8(both ? ~__mmask32{0} : __mmask32{0xFFFF}, w.codes + i * kHalf);
+    const __m256i bytes = _mm256_maskz_loadu_epi8(both ? ~__mmask32{0} : __mmask32{0xFFFF}, codes + i * kHalf);
     const __m256i nibble = _mm256_set1_epi8(15);
     const __m256i low = _mm256_and_si256(bytes, nibble), high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
     return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
@@ -128,7 +124,9 @@ inline float offset_part(const Blocks& w, int64_t n, const float* sums) {
     const float* values = (kType == QType::kQ4_1 ? w.offsets : w.scales) + n * w.blocks;
     __m512 acc = _mm512_setzero_ps();
     int64_t b = 0;
-    for (; b + 16 <= w.blocks; b += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(values + b), _mm512_loadu_ps(sums + b), acc);
+    for (; b + 16 <= w.blocks; b += 16) {
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(values + b), _mm512_loadu_ps(sums + b), acc);
+    }
     const __mmask16 tail = static_cast<__mmask16>((1u << (w.blocks - b)) - 1);
     acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, values + b), _mm512_maskz_loadu_ps(tail, sums + b), acc);
     const float total = _mm512_reduce_add_ps(acc);
@@ -191,33 +189,6 @@ RowsFn<kType, T> pick(int64_t rows, std::integer_sequence<int64_t, kRows...>) {
   return table[rows - 1];
 }
 
-QType parse_qtype(const std::string& name) {
-  if (name == "Q8_0") return QType::kQ8_0;
-  if (name == "Q4_0") return QType::kQ4_0;
-  TORCH_CHECK(name == "Q4_1", "quantized type must be Q8_0, Q4_0 or Q4_1, got ", name);
-  return QType::kQ4_1;
-}
-
-Blocks check_blocks(QType type, const at::Tensor& codes, const at::Tensor& scales,
-                    const c10::optional<at::Tensor>& offsets) {
-  TORCH_CHECK(scales.dim() == 2 && scales.is_contiguous() && scales.scalar_type() == at::kFloat,
-              "scales must be contiguous float32 [out, in / 32]");
-  const int64_t out = scales.size(0), blocks = scales.size(1);
-  const bool eight = type == QType::kQ8_0;
-  TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.size(0) == out &&
-                  codes.size(1) == blocks * (eight ? kBlock : kHalf) &&
-                  codes.scalar_type() == (eight ? at::kChar : at::kByte),
-              "codes must be contiguous ", eight ? "int8 [out, in]" : "uint8 [out, in / 2]", " matching the scales");
-  const bool has_offsets = offsets.has_value() && offsets->defined();
-  TORCH_CHECK(has_offsets == (type == QType::kQ4_1), "offsets are for Q4_1 only, and Q4_1 needs them");
-  if (has_offsets) {
-    TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->is_contiguous() && offsets->scalar_type() == at::kFloat,
-                "offsets must be contiguous float32 shaped as the scales");
-  }
-  return Blocks{static_cast<const uint8_t*>(codes.data_ptr()), scales.data_ptr<float>(),
-                has_offsets ? offsets->data_ptr<float>() : nullptr, blocks};
-}
-
 template <QType kType, typename T>
 void multiply(const at::Tensor& x, const Blocks& w, const T* bias, at::Tensor& out) {
   const int64_t rows = x.size(0), out_features = out.size(1), pairs = (w.blocks + 1) / 2;
@@ -263,8 +234,8 @@ bool int8_dot_built() {
 at::Tensor quantized_linear_int8(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
                                  c10::optional<at::Tensor> offsets, c10::optional<at::Tensor> bias) {
 #ifdef TANDEM_INT8_DOT
-  const QType type = parse_qtype(qtype);
-  const Blocks w = check_blocks(type, codes, scales, offsets);
+  const QType type = tandem::parse_qtype(qtype);
+  const Blocks w = tandem::check_blocks(type, codes, scales, offsets);
   const int64_t in = w.blocks * kBlock, out_features = scales.size(0);
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) == in,
               "x must be [rows, in] with contiguous rows, in = the weight's in_features");
@@ -278,11 +249,7 @@ at::Tensor quantized_linear_int8(at::Tensor x, const std::string& qtype, at::Ten
   tandem::dispatch_float_bf16(x, "quantized_linear_int8", [&](auto element) {
     using T = decltype(element);
     const T* b = has_bias ? bias->data_ptr<T>() : nullptr;
-    switch (type) {
-      case QType::kQ8_0: multiply<QType::kQ8_0, T>(x, w, b, out); break;
-      case QType::kQ4_0: multiply<QType::kQ4_0, T>(x, w, b, out); break;
-      case QType::kQ4_1: multiply<QType::kQ4_1, T>(x, w, b, out); break;
-    }
+    tandem::dispatch_qtype(type, [&](auto kind) { multiply<decltype(kind)::value, T>(x, w, b, out); });
   });
   return out;
 #else

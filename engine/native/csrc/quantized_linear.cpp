@@ -18,6 +18,7 @@
 // converting a float16 scalar per block took a third of the kernel's time (Q4_1 at one row: 128 against
 // 80 us for 3072 x 576 on the Xeon of 2026-11-28), for 4 bytes more a block; bias [out] float32 or none.
 // The result: [rows, out] float32.
+#include "gguf_blocks.h"
 #include "tensor_api.h"
 
 // The vector width the blocks are widened into: 512 (AVX-512), 256 (AVX2 with FMA), or none (plain loops).
@@ -38,19 +39,13 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;
-constexpr int64_t kHalf = kBlock / 2;
+using tandem::Blocks;
+using tandem::kBlock;
+using tandem::kHalf;
+using tandem::QType;
+
 constexpr int64_t kMaxRows = 8;      // rows multiplied into one widened block
 constexpr int64_t kOutPerTask = 16;  // output features per parallel task
-
-enum class QType { kQ8_0, kQ4_0, kQ4_1 };
-
-struct Blocks {
-  const void* codes;
-  const float* scales;
-  const float* offsets;  // Q4_1 only
-  int64_t blocks;            // blocks per output row
-};
 
 // out[0:32] = block b of output row n as float32.
 template <QType kType>
@@ -237,49 +232,12 @@ RowsFn pick(int64_t rows) {
   return pick<kType>(rows, std::make_integer_sequence<int64_t, kMaxRows>{});
 }
 
-QType parse_qtype(const std::string& name) {
-  if (name == "Q8_0") return QType::kQ8_0;
-  if (name == "Q4_0") return QType::kQ4_0;
-  TORCH_CHECK(name == "Q4_1", "quantized type must be Q8_0, Q4_0 or Q4_1, got ", name);
-  return QType::kQ4_1;
-}
-
-// The blocks of a weight, its shape checked against the type: (blocks, in_features).
-Blocks check_blocks(QType type, const at::Tensor& codes, const at::Tensor& scales,
-                    const c10::optional<at::Tensor>& offsets) {
-  TORCH_CHECK(scales.dim() == 2 && scales.is_contiguous() && scales.scalar_type() == at::kFloat,
-              "scales must be contiguous float32 [out, in / 32] (the file's float16 values, widened once)");
-  const int64_t out = scales.size(0), blocks = scales.size(1);
-  const bool eight = type == QType::kQ8_0;
-  TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.size(0) == out &&
-                  codes.size(1) == blocks * (eight ? kBlock : kHalf) &&
-                  codes.scalar_type() == (eight ? at::kChar : at::kByte),
-              "codes must be contiguous ", eight ? "int8 [out, in]" : "uint8 [out, in / 2]", " matching the scales");
-  const bool has_offsets = offsets.has_value() && offsets->defined();
-  TORCH_CHECK(has_offsets == (type == QType::kQ4_1), "offsets are for Q4_1 only, and Q4_1 needs them");
-  if (has_offsets) {
-    TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->is_contiguous() && offsets->scalar_type() == at::kFloat,
-                "offsets must be contiguous float32 shaped as the scales");
-  }
-  return Blocks{codes.data_ptr(), scales.data_ptr<float>(), has_offsets ? offsets->data_ptr<float>() : nullptr,
-                blocks};
-}
-
-template <typename Fn>
-void dispatch(QType type, Fn&& fn) {
-  switch (type) {
-    case QType::kQ8_0: fn(std::integral_constant<QType, QType::kQ8_0>{}); break;
-    case QType::kQ4_0: fn(std::integral_constant<QType, QType::kQ4_0>{}); break;
-    case QType::kQ4_1: fn(std::integral_constant<QType, QType::kQ4_1>{}); break;
-  }
-}
-
 }  // namespace
 
 at::Tensor quantized_linear(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
                             c10::optional<at::Tensor> offsets, c10::optional<at::Tensor> bias) {
-  const QType type = parse_qtype(qtype);
-  const Blocks w = check_blocks(type, codes, scales, offsets);
+  const QType type = tandem::parse_qtype(qtype);
+  const Blocks w = tandem::check_blocks(type, codes, scales, offsets);
   const int64_t in = w.blocks * kBlock, out_features = scales.size(0);
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat && x.size(1) == in,
               "x must be float32 [rows, in] with contiguous rows, in = the weight's in_features");
@@ -295,7 +253,7 @@ at::Tensor quantized_linear(at::Tensor x, const std::string& qtype, at::Tensor c
   const float* b = has_bias ? bias->data_ptr<float>() : nullptr;
   float* o = out.data_ptr<float>();
   const int64_t x_stride = x.stride(0);
-  dispatch(type, [&](auto kind) {
+  tandem::dispatch_qtype(type, [&](auto kind) {
     constexpr QType kType = decltype(kind)::value;
     at::parallel_for(0, out_features, kOutPerTask, [&](int64_t n0, int64_t n1) {
       for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
@@ -309,12 +267,12 @@ at::Tensor quantized_linear(at::Tensor x, const std::string& qtype, at::Tensor c
 
 at::Tensor dequantize_blocks(const std::string& qtype, at::Tensor codes, at::Tensor scales,
                              c10::optional<at::Tensor> offsets) {
-  const QType type = parse_qtype(qtype);
-  const Blocks w = check_blocks(type, codes, scales, offsets);
+  const QType type = tandem::parse_qtype(qtype);
+  const Blocks w = tandem::check_blocks(type, codes, scales, offsets);
   const int64_t out_features = scales.size(0), in = w.blocks * kBlock;
   auto out = at::empty({out_features, in}, scales.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
-  dispatch(type, [&](auto kind) {
+  tandem::dispatch_qtype(type, [&](auto kind) {
     constexpr QType kType = decltype(kind)::value;
     at::parallel_for(0, out_features, kOutPerTask, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
