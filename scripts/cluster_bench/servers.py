@@ -81,19 +81,8 @@ def vllm_server(python: str, model_dir: str, served_model_name: str, engine: dic
                 start_timeout_s: float = 600.0):  # fmt: skip
     port = free_port()
     cmd = vllm_command(python, model_dir, served_model_name, port, engine)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=vllm_env(python, threads), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while not _healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM did not start (see {log_path}): {' '.join(cmd)}")
-            time.sleep(1)
+    with _peer_up("vLLM", cmd, vllm_env(python, threads), port, log_path, start_timeout_s) as url:
         yield url
-    finally:
-        _stop_group(proc)
 
 
 def llamacpp_command(binary: str, gguf: str, served_model_name: str, port: int, threads: int, slots: int,
@@ -115,14 +104,23 @@ def llamacpp_server(binary: str, gguf: str, served_model_name: str, threads: int
     """llama.cpp's server on `gguf` (`llamacpp_command`), up until the block ends."""
     port = free_port()
     cmd = llamacpp_command(binary, gguf, served_model_name, port, threads, slots, context_tokens)
+    with _peer_up("llama-server", cmd, None, port, log_path, start_timeout_s) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _peer_up(name: str, cmd: list[str], env: dict[str, str] | None, port: int, log_path: Path,
+             start_timeout_s: float):  # fmt: skip
+    """`cmd` started in a process group of its own (output to `log_path`), its URL yielded once /health
+    answers 200 (llama-server: 503 while it loads), the group stopped when the block ends."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + start_timeout_s
-        while not _healthy(url):  # 503 while it loads the model
+        while not _healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server did not start (see {log_path}): {' '.join(cmd)}")
+                raise RuntimeError(f"{name} did not start (see {log_path}): {' '.join(cmd)}")
             time.sleep(1)
         yield url
     finally:

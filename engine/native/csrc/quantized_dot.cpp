@@ -236,22 +236,10 @@ at::Tensor quantized_linear_int8(at::Tensor x, const std::string& qtype, at::Ten
 #ifdef TANDEM_INT8_DOT
   const QType type = tandem::parse_qtype(qtype);
   const Blocks w = tandem::check_blocks(type, codes, scales, offsets);
-  const int64_t in = w.blocks * kBlock, out_features = scales.size(0);
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) == in,
-              "x must be [rows, in] with contiguous rows, in = the weight's in_features");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features && bias->scalar_type() == x.scalar_type(),
-                "bias must be contiguous [out] in x's dtype");
-  }
-  auto out = at::empty({x.size(0), out_features}, x.options());
-  if (x.size(0) == 0) return out;
-  tandem::dispatch_float_bf16(x, "quantized_linear_int8", [&](auto element) {
-    using T = decltype(element);
-    const T* b = has_bias ? bias->data_ptr<T>() : nullptr;
-    tandem::dispatch_qtype(type, [&](auto kind) { multiply<decltype(kind)::value, T>(x, w, b, out); });
-  });
-  return out;
+  return tandem::product_in_x_dtype(x, type, w.blocks * kBlock, scales.size(0), bias, "quantized_linear_int8",
+                                    [&](auto element, auto kind, const auto* b, at::Tensor& out) {
+                                      multiply<decltype(kind)::value, decltype(element)>(x, w, b, out);
+                                    });
 #else
   TORCH_CHECK(false, "quantized_linear_int8 needs AVX512-VNNI (with BW and VL), which this build lacks");
 #endif

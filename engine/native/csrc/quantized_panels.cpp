@@ -233,21 +233,10 @@ at::Tensor quantized_panels_linear(at::Tensor x, const std::string& qtype, at::T
 #ifdef TANDEM_INT8_PANELS
   const QType type = tandem::parse_qtype(qtype);
   const Panels w = check_panels(type, codes, scales, extra, out_features);
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) == w.blocks * kBlock,
-              "x must be [rows, in] with contiguous rows, in = the weight's in_features");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features && bias->scalar_type() == x.scalar_type(),
-                "bias must be contiguous [out] in x's dtype");
-  }
-  auto out = at::empty({x.size(0), out_features}, x.options());
-  if (x.size(0) == 0) return out;
-  tandem::dispatch_float_bf16(x, "quantized_panels_linear", [&](auto element) {
-    using T = decltype(element);
-    const T* b = has_bias ? bias->data_ptr<T>() : nullptr;
-    tandem::dispatch_qtype(type, [&](auto kind) { multiply<decltype(kind)::value, T>(x, w, b, out); });
-  });
-  return out;
+  return tandem::product_in_x_dtype(x, type, w.blocks * kBlock, out_features, bias, "quantized_panels_linear",
+                                    [&](auto element, auto kind, const auto* b, at::Tensor& out) {
+                                      multiply<decltype(kind)::value, decltype(element)>(x, w, b, out);
+                                    });
 #else
   TORCH_CHECK(false, "quantized_panels_linear needs AVX512-VNNI (with BW and VL), which this build lacks");
 #endif
