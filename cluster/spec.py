@@ -26,11 +26,13 @@ from router.policy import POLICIES
 from router.tool_parsers import PARSERS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "gguf", "none")  # engine.config.QUANTIZATIONS (the spec does not import the engine)
+QUANTIZATIONS = ("auto", "gguf", "int8", "none")  # engine.config.QUANTIZATIONS (the spec does not import the engine)
 QUANTIZATION_HELP = ("auto (default): a GGUF model's weights stay in the file's quantized blocks where the CPU kernels "
                      "take them, multiplied by the kernel timed fastest per batch size (with AVX512-VNNI: integer "
                      "dot products over activations quantized to int8 per block among them, as llama.cpp does); "
-                     "gguf: the blocks, multiplied in the dtype only; none: widened to the dtype")
+                     "gguf: the blocks, multiplied in the dtype only; int8: as auto, and every other linear "
+                     "(a float checkpoint's) quantized to int8 blocks of 32 (Q8_0) at load; none: widened to the "
+                     "dtype")
 _LIVENESS = LivenessPolicy()  # the defaults the router and the controller share
 _CONNECTIONS = ConnectionLimits()
 

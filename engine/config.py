@@ -55,7 +55,7 @@ def parse_dtype(dtype: str | torch.dtype | None, device: str = "cpu") -> torch.d
     return _DTYPES[dtype]
 
 
-QUANTIZATIONS = ("auto", "gguf", "none")
+QUANTIZATIONS = ("auto", "gguf", "int8", "none")
 
 
 @dataclass(frozen=True)
@@ -224,8 +224,9 @@ class EngineConfig:
     # "auto": a model converted from a GGUF file keeps the file's quantized blocks where the CPU kernels
     # multiply them (engine.gguf_weights), each band of rows by the kernel timed fastest, integer dot products
     # over activations quantized to int8 per block among them (llama.cpp's arithmetic); "gguf": the blocks,
-    # multiplied in `dtype` only (the widened weights' values, summed in another order); "none": every
-    # weight widened to `dtype`
+    # multiplied in `dtype` only (the widened weights' values, summed in another order); "int8": as auto, and
+    # every other linear quantized to Q8_0 blocks at load (engine.int8_weights: a float checkpoint's too);
+    # "none": every weight widened to `dtype`
     quantization: str = "auto"
 
     def __post_init__(self):

@@ -73,7 +73,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     attention_backend: str = "auto"
     seed: int = 0
-    quantization: str = "auto"  # a GGUF model's linears: "auto"/"gguf" keep the file's blocks; "none": widened
+    quantization: str = "auto"  # "auto"/"gguf": a GGUF model's blocks; "int8": any linear in Q8_0; "none": widened
     # Tensor parallel: this process is rank `tensor_parallel_rank` of `tensor_parallel_size`;
     # the ranks meet at dist_init_addr ("host:port"); backend "auto" = gloo on CPU, NCCL on CUDA.
     tensor_parallel_size: int = 1

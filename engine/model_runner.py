@@ -24,6 +24,7 @@ from engine.attention import AttentionShapes, select_backend
 from engine.config import EngineConfig
 from engine.cpu_memory import keep_freed_memory
 from engine.gguf_weights import attach_gguf_blocks
+from engine.int8_weights import quantize_linears
 from engine.kv_cache import allocate_kv_caches, num_blocks_for
 from engine.layers.ops import layer_ops, native_kernels_for
 from engine.layers.rotary import RotaryEmbedding
@@ -67,8 +68,9 @@ def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = S
     _rebuild_rotary_tables(model, config)
     load_weights(model, config.model_dir, show_progress=show_progress)
     blocks = _gguf_blocks(model, config)
+    int8_activations = config.quantization in ("auto", "int8")
     model.prepare(layer_ops(config.device, config.dtype, model.linear_shapes(), model.op_shapes(),
-                            model.quantized_shapes(), int8_activations=config.quantization == "auto"))  # fmt: skip
+                            model.quantized_shapes(), int8_activations=int8_activations))  # fmt: skip
     logger.info(
         "loaded %s from %s in %.1fs (%s; %s layer ops)",
         config.model.architecture, config.model_dir, time.perf_counter() - start, blocks, model.ops.name,
@@ -78,14 +80,23 @@ def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = S
 
 def _gguf_blocks(model: torch.nn.Module, config: EngineConfig) -> str:
     """Attach a GGUF model's quantized blocks to its linears where they are served so (`engine.gguf_weights`:
-    on the CPU in float32 or bfloat16, with the native kernels built, unless quantization is "none"); what
-    was done, as text."""
-    if config.quantization == "none" or native_kernels_for(config.device, config.dtype) is None:
+    on the CPU in float32 or bfloat16, with the native kernels built, unless quantization is "none"), and with
+    quantization "int8" Q8_0 blocks to every other linear (`engine.int8_weights`); what was done, as text."""
+    if config.quantization == "none":
+        return "weights widened"
+    if native_kernels_for(config.device, config.dtype) is None:
+        if config.quantization == "int8":
+            raise ValueError(f"quantization int8 needs the native CPU kernels (device cpu, dtype float32 or "
+                             f"bfloat16, a C++ compiler, TANDEM_CPU_KERNELS not 0); here: device {config.device}, "
+                             f"dtype {str(config.dtype).removeprefix('torch.')}")  # fmt: skip
         return "weights widened"
     attached = attach_gguf_blocks(model, config.model_dir)
+    if config.quantization == "int8":
+        for qtype, count in quantize_linears(model).items():
+            attached[qtype] = attached.get(qtype, 0) + count
     if not attached:
         return "weights widened"
-    return "in GGUF blocks: " + ", ".join(f"{count} {qtype}" for qtype, count in sorted(attached.items()))
+    return "in quantized blocks: " + ", ".join(f"{count} {qtype}" for qtype, count in sorted(attached.items()))
 
 
 def _rebuild_rotary_tables(model: torch.nn.Module, config: EngineConfig) -> None:

@@ -26,7 +26,7 @@ class EngineLimits:
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None  # bytes per worker; None: what the profile measured (or derived)
     num_kv_blocks: int | None = None
-    quantization: str = "auto"  # a GGUF model's weights in the file's blocks ("auto", "gguf") or widened ("none")
+    quantization: str = "auto"  # engine.config.QUANTIZATIONS: file's blocks ("auto", "gguf"), Q8_0 ("int8"), "none"
 
     def num_blocks(self, profile: Profile) -> int:
         if self.num_kv_blocks is not None:

@@ -1,6 +1,6 @@
-"""What serving a GGUF model in its own blocks costs in accuracy: each `--quantization` against "none".
+"""What serving a model in quantized blocks costs in accuracy: each `--quantization` against "none".
 
-The default model (SmolLM2-135M-Instruct, Q4_1 linears and a Q8_0 lm_head) loaded by the engine
+The default model (SmolLM2-135M-Instruct, Q4_1 linears and a Q8_0 lm_head), or --model, loaded by the engine
 (`engine.LLM`) in these ways, each in the dtype auto picks here (or --dtype), after the reference:
 
   none, float32  every weight widened to float32: the file's values exactly, the reference (the checkpoint
@@ -9,6 +9,8 @@ The default model (SmolLM2-135M-Instruct, Q4_1 linears and a Q8_0 lm_head) loade
   gguf   the file's blocks, multiplied in the dtype (the file's values, summed in another order)
   auto   the file's blocks, each band of rows by the kernel timed fastest here, integer dot products over
          activations quantized to int8 per block among them (the kernels it chose are printed)
+  int8   (a float checkpoint, given by --model, instead of gguf and auto) its linears quantized to Q8_0
+         blocks at load, served as auto serves blocks
 
 Measured on each:
   perplexity on a fixed text: the first `--windows` windows of `--window` tokens of Python's own
@@ -21,6 +23,7 @@ Measured on each:
 lm-evaluation-harness's tasks are not run: their datasets come from the Hugging Face hub, not reachable here.
 
     python scripts/bench_accuracy.py --markdown BENCHMARKS.md
+    python scripts/bench_accuracy.py --model FLOAT_CHECKPOINT_DIR --markdown BENCHMARKS.md   # int8
 """
 
 from __future__ import annotations
@@ -81,12 +84,13 @@ def chat_ids(tokenizer, question: str) -> list[int]:
     return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
-def ways(dtype: str) -> list[tuple[str, str]]:
-    """(quantization, dtype) pairs: the reference first, then each quantization in `dtype` (auto: resolved)."""
+def ways(dtype: str, from_gguf: bool) -> list[tuple[str, str]]:
+    """(quantization, dtype) pairs: the reference first, then each quantization that means something for the
+    model (a GGUF file's: gguf and auto; a float checkpoint's: int8) in `dtype` (auto: resolved)."""
     from engine.config import parse_dtype
 
     chosen = str(parse_dtype(dtype, "cpu")).removeprefix("torch.")
-    modes = [(mode, chosen) for mode in ("none", "gguf", "auto")]
+    modes = [(mode, chosen) for mode in ("none", *(("gguf", "auto") if from_gguf else ("int8",)))]
     return [("none", "float32"), *[way for way in modes if way != ("none", "float32")]]
 
 
@@ -141,7 +145,7 @@ def table(rows: list[dict], questions: int) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="a GGUF model (default: the default model)")
+    p.add_argument("--model", help="a GGUF model or a float checkpoint (default: the default model)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--windows", type=int, default=4, help="windows of the fixed text")
     p.add_argument("--window", type=int, default=512, help="tokens per window")
@@ -156,18 +160,22 @@ def main(argv=None) -> None:
     from engine.model_source import resolve_model
     from engine.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(str(resolve_model(args.model)))
+    from engine.gguf_weights import gguf_source
+
+    model_dir = resolve_model(args.model)
+    tokenizer = load_tokenizer(str(model_dir))
     windows = fixed_text_ids(tokenizer, args.windows, args.window)
     questions = [chat_ids(tokenizer, q) for q in QUESTIONS[: args.prompts]]
     rows = []
-    for mode, dtype in ways(args.dtype):
+    for mode, dtype in ways(args.dtype, gguf_source(model_dir) is not None):
         rows.append(measure(mode, dtype, args, windows, questions))
         print(f"{mode} {dtype}: perplexity {rows[-1]['ppl_prefill']:.4f} / {rows[-1]['ppl_one_row']:.4f} "
               f"({rows[-1]['seconds']:.0f} s)", flush=True)  # fmt: skip
     text = table(rows, len(questions))
     print(text)
     if args.markdown:
-        model = args.model or "the default model (SmolLM2-135M-Instruct, its GGUF: Q4_1 linears, Q8_0 lm_head)"
+        model = f"`{args.model}`" if args.model else (
+            "the default model (SmolLM2-135M-Instruct, its GGUF: Q4_1 linears, Q8_0 lm_head)")
         details = (f"Model: {model}; the reference: quantization none in float32. Fixed text: {args.windows} "
                    f"windows of {args.window} "
                    f"tokens of `pydoc_data.topics` (Python {sys.version.split()[0]}). Greedy: {len(questions)} chat "
