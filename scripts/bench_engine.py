@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 import bench_report
 from cluster_bench.servers import peer_dtype
+from engine.config import QUANTIZATIONS
 from engine_baselines import MAX_MODEL_LEN, bench_hf, bench_vllm
 from engine_workloads import Result, Workload, warmup_workload, workload_a, workload_b
 
@@ -302,8 +303,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workload", choices=("a", "b", "both"), default="both")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="for every engine; auto: what Tandem's default picks on this machine (cluster_bench.servers.peer_dtype)")
-    p.add_argument("--quantization", choices=("auto", "none"), default="auto",
-                   help="Tandem's: a GGUF model's weights in the file's blocks (auto, the default) or widened")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
+                   help="Tandem's (engine.config.QUANTIZATIONS): a GGUF model's blocks (auto, the default; gguf: "
+                        "float products only), any linear in Q8_0 (int8) or widened (none)")
     p.add_argument("--num-requests", type=int, default=64, help="requests in workload b")
     p.add_argument("--hf-batch-size", type=int, default=32, help="transformers' static batch size in workload b")
     p.add_argument("--seed", type=int, default=0)
