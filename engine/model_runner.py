@@ -67,7 +67,7 @@ def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = S
     model.tie_weights()  # to_empty() gives each parameter its own storage
     _rebuild_rotary_tables(model, config)
     load_weights(model, config.model_dir, show_progress=show_progress)
-    blocks = _gguf_blocks(model, config)
+    blocks = _quantized_blocks(model, config)
     int8_activations = config.quantization in ("auto", "int8")
     model.prepare(layer_ops(config.device, config.dtype, model.linear_shapes(), model.op_shapes(),
                             model.quantized_shapes(), int8_activations=int8_activations))  # fmt: skip
@@ -78,7 +78,7 @@ def load_model(config: EngineConfig, show_progress: bool = True, tp: TPGroup = S
     return model
 
 
-def _gguf_blocks(model: torch.nn.Module, config: EngineConfig) -> str:
+def _quantized_blocks(model: torch.nn.Module, config: EngineConfig) -> str:
     """Attach a GGUF model's quantized blocks to its linears where they are served so (`engine.gguf_weights`:
     on the CPU in float32 or bfloat16, with the native kernels built, unless quantization is "none"), and with
     quantization "int8" Q8_0 blocks to every other linear (`engine.int8_weights`); what was done, as text."""

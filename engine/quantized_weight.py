@@ -147,7 +147,7 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [rows, in] per block of 32 as int8 codes and float32 scales ([rows, blocks, 32], [rows, blocks]):
     d = max |x| / 127, q = round(x * (127 / max |x|)) to nearest even (0 where a block is all zero), as
-    quantized_dot.cpp quantizes the activations of its integer products."""
+    quantized_panels.cpp quantizes the activations of its integer products."""
     rows, inp = x.shape
     blocks = x.detach().float().reshape(rows, inp // BLOCK, BLOCK)
     peak = blocks.abs().amax(-1)
@@ -156,7 +156,7 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def int8_activation_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The reference of quantized_dot.cpp: x [rows, in] @ weight.T with x quantized per block
+    """The reference of quantized_panels.cpp: x [rows, in] @ weight.T with x quantized per block
     (`quantize_activations`), each block's product an exact integer sum scaled by both scales (float64 here;
     the kernel sums in float32). float32 [rows, out]."""
     q, d = quantize_activations(x)  # [rows, blocks, 32], [rows, blocks]

@@ -5,18 +5,17 @@ cached and logged. The candidates are the blocks' own kernels and every dense on
     blocks   native: each block widened in registers and multiplied into up to 8 rows while it is there
              (a decode step reads only the blocks: the file's bytes)
     widen    native: the whole weight widened to float32 once, then F.linear
-    int8     native, with AVX512-VNNI and quantization "auto" only: each block of 32 activations quantized
-             to int8 with a scale of its own, then integer dot products with the blocks' codes, llama.cpp's
-             arithmetic (quantized_dot.cpp; not the float product: it rounds the activations)
-    int8-panels  the same products over the blocks repacked into panels of 16 outputs, one output per
-             vector lane (engine.quantized_panels; quantized_panels.cpp): the scales applied once per 16
-             outputs, for batches
+    int8-panels  native, with AVX512-VNNI and quantization "auto" or "int8" only: each block of 32
+             activations quantized to int8 with a scale of its own, then integer dot products with the
+             blocks' codes repacked into panels of 16 outputs, one output per vector lane, llama.cpp's
+             arithmetic (engine.quantized_panels; quantized_panels.cpp; not the float product: it rounds
+             the activations)
     packed, dense, onednn, mv, few   the dense kernels (`ops.linear_candidates`), on the weight as loaded
 
 A band that a dense kernel wins keeps that dense form beside the blocks (`BlockForms`): on the Xeon of
 2026-11-28 the blocks won one row by 1.9x, and lost 64 mixed requests' batches by 12% when every band had
 to read them. The float kernels of the blocks take float32: bfloat16 activations are widened for them and
-the result rounded back; the integer one reads and writes either.
+the result rounded back; the integer one reads and writes either as it comes.
 """
 
 from __future__ import annotations
@@ -67,18 +66,14 @@ def quantized_candidates(kernels, int8_activations: bool = False) -> list[Candid
     def widen(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
         return F.linear(x, kernels.dequantize_blocks(w.qtype, w.codes, w.scales, w.offsets), bias)
 
-    def int8(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:  # float32 or bfloat16 as they come
-        return kernels.quantized_linear_int8(x if x.stride(-1) == 1 else x.contiguous(), w.qtype, w.codes, w.scales,
-                                             w.offsets, None if bias is None else bias.to(x.dtype))  # fmt: skip
-
-    def int8_panels(x: Tensor, w, bias: Tensor | None) -> Tensor:
+    def int8_panels(x: Tensor, w, bias: Tensor | None = None) -> Tensor:  # float32 or bfloat16 as they come
         return kernels.quantized_panels_linear(x if x.stride(-1) == 1 else x.contiguous(), w.qtype, w.codes, w.scales,
                                                w.extra, w.out_features, None if bias is None else bias.to(x.dtype))
 
     exact = [Candidate("blocks", "quantized", in_float32(blocks)), Candidate("widen", "quantized", in_float32(widen))]
     if not (int8_activations and kernels.int8_dot_built()):
         return exact
-    return [*exact, Candidate("int8", "quantized", int8), Candidate("int8-panels", "int8_panels", int8_panels)]
+    return [*exact, Candidate("int8-panels", "int8_panels", int8_panels)]
 
 
 def chosen_quantized_linear(kernels, dtype: torch.dtype, shapes: Mapping[str, Sequence[tuple[int, int]]],

@@ -30,7 +30,7 @@ logger = logging.getLogger("tandem.engine")
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in (
     "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "layer_ops.cpp", "small_linear.cpp", "packed_linear.cpp",
-    "quantized_linear.cpp", "quantized_dot.cpp", "quantized_panels.cpp",
+    "quantized_linear.cpp", "quantized_panels.cpp",
 )]
 _HEADERS = [_CSRC / name for name in (
     "tensor_api.h", "float_types.h", "online_softmax.h", "prefill_tasks.h", "paged_prefill_bf16dot.h", "gguf_blocks.h",

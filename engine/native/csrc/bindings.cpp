@@ -21,8 +21,6 @@ at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
 at::Tensor quantized_linear(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
                             c10::optional<at::Tensor> offsets, c10::optional<at::Tensor> bias);
 bool int8_dot_built();
-at::Tensor quantized_linear_int8(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
-                                 c10::optional<at::Tensor> offsets, c10::optional<at::Tensor> bias);
 at::Tensor quantized_panels_linear(at::Tensor x, const std::string& qtype, at::Tensor codes, at::Tensor scales,
                                    c10::optional<at::Tensor> extra, int64_t out_features,
                                    c10::optional<at::Tensor> bias);
@@ -74,11 +72,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ weight.T (+ bias), float32, over a weight in GGUF blocks (Q8_0, Q4_0, Q4_1) widened in registers",
         py::arg("x"), py::arg("qtype"), py::arg("codes"), py::arg("scales"), py::arg("offsets") = py::none(),
         py::arg("bias") = py::none());
-  m.def("int8_dot_built", &int8_dot_built, "whether quantized_linear_int8 was compiled in (AVX512-VNNI)");
-  m.def("quantized_linear_int8", &quantized_linear_int8,
-        "x @ weight.T (+ bias) over a weight in GGUF blocks, x quantized to int8 per block of 32 (VNNI dots)",
-        py::arg("x"), py::arg("qtype"), py::arg("codes"), py::arg("scales"), py::arg("offsets") = py::none(),
-        py::arg("bias") = py::none());
+  m.def("int8_dot_built", &int8_dot_built, "whether quantized_panels_linear was compiled in (AVX512-VNNI)");
   m.def("quantized_panels_linear", &quantized_panels_linear,
         "x @ weight.T (+ bias) over a weight in GGUF blocks repacked into panels of 16 outputs "
         "(engine.quantized_panels), x quantized to int8 per block of 32 (VNNI dots)",

@@ -1,9 +1,8 @@
 // A weight in GGUF blocks as the native kernels take it (the layout is engine/quantized_weight.py's): its
 // type, its arrays, and their checks, shared by the float (quantized_linear.cpp) and the integer
-// (quantized_dot.cpp, quantized_panels.cpp) kernels.
+// (quantized_panels.cpp) kernels.
 #pragma once
 
-#include "float_types.h"
 #include "tensor_api.h"
 
 #include <cstdint>
@@ -59,29 +58,6 @@ void dispatch_qtype(QType type, Fn&& fn) {
     case QType::kQ4_0: fn(std::integral_constant<QType, QType::kQ4_0>{}); break;
     case QType::kQ4_1: fn(std::integral_constant<QType, QType::kQ4_1>{}); break;
   }
-}
-
-// A product's entry: x [rows, in] (contiguous rows) and bias ([out] in x's dtype, or none) checked, the result
-// [rows, out] in x's dtype made, and fn(T{}, kind, bias as const T* or null, result) called with x's element
-// type and the weight's type as std::integral_constant (not at all for no rows).
-template <typename Fn>
-at::Tensor product_in_x_dtype(const at::Tensor& x, QType type, int64_t in, int64_t out_features,
-                              const c10::optional<at::Tensor>& bias, const char* op, Fn&& fn) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) == in,
-              "x must be [rows, in] with contiguous rows, in = the weight's in_features");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features && bias->scalar_type() == x.scalar_type(),
-                "bias must be contiguous [out] in x's dtype");
-  }
-  auto out = at::empty({x.size(0), out_features}, x.options());
-  if (x.size(0) == 0) return out;
-  dispatch_float_bf16(x, op, [&](auto element) {
-    using T = decltype(element);
-    const T* b = has_bias ? bias->data_ptr<T>() : nullptr;
-    dispatch_qtype(type, [&](auto kind) { fn(element, kind, b, out); });
-  });
-  return out;
 }
 
 }  // namespace tandem
